@@ -1,0 +1,3 @@
+from pdlaunch.cli import main
+
+main()
