@@ -1,0 +1,80 @@
+"""KV-cache geometry shared by rules and plan: resolved block sizes and layouts,
+the agreed block size, and who has to post-process what. Pure functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import reduce
+from math import gcd
+
+from pdlaunch.devices import profile
+from pdlaunch.topology import Instance, Role, Topology
+
+
+def block_size(inst: Instance) -> int:
+    return inst.block_size or profile(inst.device).default_block_size
+
+
+def kv_layout(inst: Instance) -> str:
+    return inst.kv_layout or profile(inst.device).default_layout
+
+
+def agreed_block_size(topo: Topology) -> int:
+    """The GCD of every prefill and decode block size, unless the user fixed it."""
+    if topo.kv_connector.agreed_block_size != "auto":
+        return int(topo.kv_connector.agreed_block_size)
+    return reduce(gcd, (block_size(x) for _, _, x in topo.instances()))
+
+
+def heterogeneous_blocks(topo: Topology) -> bool:
+    return len({block_size(x) for _, _, x in topo.instances()}) > 1
+
+
+def heterogeneous_devices(topo: Topology) -> bool:
+    return len({x.device for _, _, x in topo.instances()}) > 1
+
+
+@dataclass(frozen=True)
+class PrefillKv:
+    """What a prefill instance advertises to decode after any post-processing."""
+
+    reblock: bool  # the pdlaunch KV extension re-blocks/permutes on prefill
+    block_size: int
+    layout: str
+
+
+def decode_layouts(topo: Topology) -> set[str]:
+    return {kv_layout(d) for d in topo.decode}
+
+
+def prefill_kv(topo: Topology, inst: Instance) -> PrefillKv:
+    """Stock vLLM handles decode block = k x prefill block, and remote HND into local NHD
+    (enable_permute_local_kv); the other directions need prefill-side post-processing
+    (seed guide Case 2, PR 30448), which advertises the agreed block size in HND."""
+    agreed = agreed_block_size(topo)
+    size, layout = block_size(inst), kv_layout(inst)
+    needs = size > agreed or (layout == "NHD" and "HND" in decode_layouts(topo))
+    if topo.kv_connector.kind != "nixl" or not needs:
+        return PrefillKv(False, size, layout)
+    return PrefillKv(True, agreed, "HND")
+
+
+def any_reblock(topo: Topology) -> bool:
+    return any(prefill_kv(topo, p).reblock for p in topo.prefill)
+
+
+def needs_permute(topo: Topology, role: Role, inst: Instance) -> bool:
+    """Decode in NHD receiving HND pages permutes locally (vLLM's enable_permute_local_kv)."""
+    if role != "decode" or topo.kv_connector.kind != "nixl":
+        return False
+    return kv_layout(inst) == "NHD" and any(
+        prefill_kv(topo, p).layout == "HND" for p in topo.prefill
+    )
+
+
+def prefix_caching(topo: Topology, role: Role, inst: Instance) -> bool:
+    if inst.prefix_caching is not None:
+        return inst.prefix_caching
+    # In-place re-blocking would corrupt blocks shared through the prefix cache.
+    return not (role == "prefill" and prefill_kv(topo, inst).reblock)

@@ -1,0 +1,401 @@
+"""Turn a valid topology into the exact processes to start.
+
+Every derived value (agreed block size, --kv-transfer-config, UCX_TLS, visible devices,
+side-channel host/port, DP flags, router URLs) is computed here and nowhere else:
+templates only print what the plan says.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from ipaddress import ip_address
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from pdlaunch import kvgeometry as kv
+from pdlaunch.devices import profile
+from pdlaunch.ports import (
+    Node,
+    all_nodes,
+    mooncake_settings,
+    node_ports,
+    router_ports,
+    side_channel_bases,
+)
+from pdlaunch.topology import SECRET_REF, HostSettings, Ssh, Topology
+
+# The KV extension inside this package (pdlaunch/kv/connector.py), loaded by vLLM on the
+# prefill nodes through kv_connector_module_path.
+KV_EXTENSION_MODULE = "pdlaunch.kv.connector"
+KV_EXTENSION_CLASS = "PdlaunchNixlConnector"
+
+ProcessRole = Literal["prefill", "decode", "router"]
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PlannedPort(Frozen):
+    port: int
+    purpose: str
+
+
+class Process(Frozen):
+    name: str
+    role: ProcessRole
+    instance: str
+    index: int
+    node_index: int
+    host: str
+    local: bool
+    ssh: Ssh
+    argv: list[str]
+    # Plain values, exported in this order.
+    env: dict[str, str]
+    # Variables prepended to an inherited path-like variable (LD_LIBRARY_PATH).
+    path_prepend: dict[str, list[str]]
+    # Secrets: target variable -> variable read on the control host at `up`; never resolved
+    # into a rendered file.
+    secret_env: dict[str, str]
+    ports: list[PlannedPort]
+    health_url: str | None
+    devices: list[int]
+    work_dir: str
+    script_path: str
+    log_path: str
+    pid_path: str
+    secrets_path: str
+
+
+class Plan(Frozen):
+    deployment: str
+    model: str
+    served_model_name: str
+    agreed_block_size: int
+    kv_connector: str
+    processes: list[Process]
+
+    def by_role(self, role: ProcessRole) -> list[Process]:
+        return [p for p in self.processes if p.role == role]
+
+    @property
+    def router(self) -> Process:
+        return self.by_role("router")[0]
+
+    def endpoint(self) -> str:
+        r = self.router
+        return f"http://{_url_host(r.host)}:{r.ports[0].port}"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _host_settings(topo: Topology, host: str) -> HostSettings:
+    return topo.hosts.get(host) or HostSettings()
+
+
+def _work_dir(topo: Topology, host: str, override: str | None) -> str:
+    base = override or _host_settings(topo, host).work_dir or topo.defaults.work_dir
+    return posixpath.join(base, topo.deployment)
+
+
+def _ssh(topo: Topology, host: str, override: Ssh | None) -> Ssh:
+    return override or _host_settings(topo, host).ssh or topo.defaults.ssh
+
+
+def _is_local(topo: Topology, host: str) -> bool:
+    explicit = _host_settings(topo, host).local
+    return explicit if explicit is not None else _is_loopback(host)
+
+
+def _split_env(*maps: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    plain: dict[str, str] = {}
+    secret: dict[str, str] = {}
+    for env in maps:
+        for key, value in env.items():
+            ref = SECRET_REF.fullmatch(value)
+            if ref:
+                secret[key] = ref.group(1)
+                plain.pop(key, None)
+            else:
+                plain[key] = value
+                secret.pop(key, None)
+    return plain, secret
+
+
+def served_name(topo: Topology) -> str:
+    return topo.model.served_name or topo.model.name
+
+
+def _cpu_cores(topo: Topology, node: Node) -> list[int]:
+    """CPU instances bind OpenMP threads to cores; by default one core per instance on a
+    host, in topology order, so two instances on a small box do not fight."""
+    if node.instance.devices is not None:
+        return list(node.instance.devices)
+    same_host = [n for n in all_nodes(topo) if n.host == node.host and n.instance.device == "cpu"]
+    start = sum(n.device_count for n in same_host[: same_host.index(node)])
+    return list(range(start, start + node.device_count))
+
+
+def _cpu_bind(cores: list[int], ranks: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND: one core list per rank, ranks separated by '|'."""
+    per = max(1, len(cores) // ranks)
+    groups = [cores[r * per : (r + 1) * per] for r in range(ranks)]
+    return "|".join(",".join(str(c) for c in g) for g in groups if g)
+
+
+def devices_of(topo: Topology, node: Node) -> list[int]:
+    if node.instance.device == "cpu":
+        return _cpu_cores(topo, node)
+    if node.instance.devices is not None:
+        return list(node.instance.devices)
+    return list(range(node.device_count))
+
+
+def kv_transfer_config(topo: Topology, node: Node) -> dict[str, Any]:
+    inst, kvc = node.instance, topo.kv_connector
+    dev = profile(inst.device)
+    buffer = dev.kv_buffer_device if kvc.kv_buffer_device == "auto" else kvc.kv_buffer_device
+    if kvc.kind == "mooncake":
+        mc = mooncake_settings(topo)[(node.role, node.index)]
+        cfg: dict[str, Any] = {
+            "kv_connector": kvc.mooncake.connector,
+            "kv_buffer_device": buffer,
+            "kv_role": "kv_producer" if node.role == "prefill" else "kv_consumer",
+            "kv_parallel_size": 1,
+            "kv_port": str(mc[0]),
+            "engine_id": mc[1],
+            "kv_rank": 0 if node.role == "prefill" else 1,
+            "kv_connector_module_path": kvc.mooncake.module_path,
+            "kv_connector_extra_config": {
+                role: {"dp_size": insts[0].dp.size, "tp_size": insts[0].tp}
+                for role, insts in (("prefill", topo.prefill), ("decode", topo.decode))
+            },
+        }
+        return cfg
+    reblock = node.role == "prefill" and kv.prefill_kv(topo, inst).reblock
+    cfg = {
+        "kv_connector": KV_EXTENSION_CLASS if reblock else "NixlConnector",
+        "kv_role": "kv_both",
+        "kv_buffer_device": buffer,
+    }
+    if reblock:
+        cfg["kv_connector_module_path"] = KV_EXTENSION_MODULE
+    if kvc.load_failure_policy:
+        cfg["kv_load_failure_policy"] = kvc.load_failure_policy
+    if reblock or kv.needs_permute(topo, node.role, inst):
+        cfg["enable_permute_local_kv"] = True
+    extra: dict[str, Any] = {}
+    compat = kvc.enforce_handshake_compat
+    if compat is None and kv.heterogeneous_devices(topo):
+        compat = False
+    if compat is not None:
+        extra["enforce_handshake_compat"] = compat
+    if kv.heterogeneous_blocks(topo) or kvc.agreed_block_size != "auto":
+        extra["agreed_block_size"] = kv.agreed_block_size(topo)
+    if extra:
+        cfg["kv_connector_extra_config"] = extra
+    return cfg
+
+
+def _serve_argv(topo: Topology, node: Node) -> list[str]:
+    inst, model = node.instance, topo.model
+    binary = inst.vllm_bin or topo.defaults.vllm_bin
+    argv = [binary, "serve", inst.model_path or model.name]
+    headless = not node.serves_http
+    if headless:
+        argv.append("--headless")
+    else:
+        argv += ["--host", inst.bind, "--port", str(inst.port)]
+    if model.served_name:
+        argv += ["--served-model-name", model.served_name]
+    argv += ["--tensor-parallel-size", str(inst.tp)]
+    dtype = inst.dtype or model.dtype
+    if dtype != "auto":
+        argv += ["--dtype", dtype]
+    kv_dtype = inst.kv_cache_dtype or model.kv_cache_dtype
+    if kv_dtype != "auto":
+        argv += ["--kv-cache-dtype", kv_dtype]
+    if model.max_model_len:
+        argv += ["--max-model-len", str(model.max_model_len)]
+    if model.trust_remote_code:
+        argv.append("--trust-remote-code")
+    if inst.device != "cpu":
+        util = inst.gpu_memory_utilization or topo.defaults.gpu_memory_utilization
+        argv += ["--gpu-memory-utilization", f"{util:g}"]
+    argv += ["--block-size", str(kv.block_size(inst))]
+    if not kv.prefix_caching(topo, node.role, inst):
+        argv.append("--no-enable-prefix-caching")
+    if inst.enforce_eager:
+        argv.append("--enforce-eager")
+    if inst.dp.size > 1:
+        master = inst.dp.master_address or inst.node_hosts[0]
+        argv += [
+            "--data-parallel-size", str(inst.dp.size),
+            "--data-parallel-size-local", str(node.local_size),
+            "--data-parallel-address", master,
+            "--data-parallel-rpc-port", str(inst.dp.rpc_port),
+        ]  # fmt: skip
+        if node.start_rank:
+            argv += ["--data-parallel-start-rank", str(node.start_rank)]
+        if inst.dp.hybrid_lb:
+            argv.append("--data-parallel-hybrid-lb")
+    argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(topo, node))]
+    argv += topo.defaults.extra_args + inst.extra_args
+    return argv
+
+
+def _serve_env(
+    topo: Topology, node: Node, bases: dict, devices: list[int]
+) -> tuple[dict[str, str], dict[str, list[str]], dict[str, str]]:
+    inst = node.instance
+    dev = profile(inst.device)
+    env: dict[str, str] = {}
+    if topo.kv_connector.kind == "nixl":
+        env["VLLM_KV_CACHE_LAYOUT"] = kv.kv_layout(inst)
+        if dev.ucx_tls:
+            env["UCX_TLS"] = dev.ucx_tls
+        env.update(dev.env)
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = node.host
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(bases[(node.role, node.index)])
+        if topo.kv_connector.abort_request_timeout:
+            env["VLLM_NIXL_ABORT_REQUEST_TIMEOUT"] = str(topo.kv_connector.abort_request_timeout)
+    else:
+        env.update(dev.env)
+    if dev.visible_devices_var:
+        env[dev.visible_devices_var] = ",".join(str(d) for d in devices)
+    if inst.device == "cpu":
+        env["VLLM_CPU_OMP_THREADS_BIND"] = _cpu_bind(devices, node.device_count)
+        env["VLLM_CPU_KVCACHE_SPACE"] = "2"
+    plain, secret = _split_env(
+        env, topo.defaults.env, _host_settings(topo, node.host).env, inst.env
+    )
+    prepend = [*topo.defaults.ld_library_path, *dev.ld_library_path]
+    return plain, ({"LD_LIBRARY_PATH": prepend} if prepend else {}), secret
+
+
+def _paths(work_dir: str, name: str) -> dict[str, str]:
+    return {
+        "script_path": posixpath.join(work_dir, f"{name}.sh"),
+        "log_path": posixpath.join(work_dir, "logs", f"{name}.log"),
+        "pid_path": posixpath.join(work_dir, "run", f"{name}.pid"),
+        "secrets_path": posixpath.join(work_dir, "run", f"{name}.secrets.env"),
+    }
+
+
+def _node_process(topo: Topology, node: Node, bases: dict, mooncake: dict) -> Process:
+    inst = node.instance
+    devices = devices_of(topo, node)
+    env, prepend, secret = _serve_env(topo, node, bases, devices)
+    work_dir = _work_dir(topo, node.host, inst.work_dir)
+    ports = [PlannedPort(port=u.port, purpose=u.purpose) for u in node_ports(topo, node, bases, mooncake)]
+    health = f"http://{_url_host(node.host)}:{inst.port}/health" if node.serves_http else None
+    return Process(
+        name=node.name,
+        role=node.role,
+        instance=node.instance_name,
+        index=node.index,
+        node_index=node.node_index,
+        host=node.host,
+        local=_is_local(topo, node.host),
+        ssh=_ssh(topo, node.host, inst.ssh),
+        argv=_serve_argv(topo, node),
+        env=env,
+        path_prepend=prepend,
+        secret_env=secret,
+        ports=ports,
+        health_url=health,
+        devices=devices,
+        work_dir=work_dir,
+        **_paths(work_dir, node.name),
+    )
+
+
+def router_urls(topo: Topology, role: str) -> list[str]:
+    return [
+        f"http://{_url_host(n.host)}:{n.instance.port}"
+        for n in all_nodes(topo)
+        if n.role == role and n.serves_http
+    ]
+
+
+def _router_argv(topo: Topology) -> list[str]:
+    r = topo.router
+    prefill, decode = router_urls(topo, "prefill"), router_urls(topo, "decode")
+    if r.kind == "toy-proxy":
+        launcher = ["python", r.binary] if r.binary.endswith(".py") else [r.binary]
+        def hosts(urls: list[str]) -> list[str]:
+            return [u.split("//", 1)[1].rsplit(":", 1)[0].strip("[]") for u in urls]
+        def ports(urls: list[str]) -> list[str]:
+            return [u.rsplit(":", 1)[1] for u in urls]
+        return [
+            *launcher, "--host", r.bind, "--port", str(r.port),
+            "--prefiller-hosts", *hosts(prefill), "--prefiller-ports", *ports(prefill),
+            "--decoder-hosts", *hosts(decode), "--decoder-ports", *ports(decode),
+            *r.extra_args,
+        ]  # fmt: skip
+    argv = [r.binary, "--policy", r.policy, "--vllm-pd-disaggregation"]
+    if r.max_concurrent_requests:
+        argv += ["--max-concurrent-requests", str(r.max_concurrent_requests)]
+    for url in prefill:
+        argv += ["--prefill", url]
+    for url in decode:
+        argv += ["--decode", url]
+    argv += ["--host", r.bind, "--port", str(r.port)]
+    if r.intra_node_data_parallel_size:
+        argv += ["--intra-node-data-parallel-size", str(r.intra_node_data_parallel_size)]
+    return argv + r.extra_args
+
+
+def _router_process(topo: Topology) -> Process:
+    r = topo.router
+    plain, secret = _split_env(_host_settings(topo, r.host).env, r.env)
+    work_dir = _work_dir(topo, r.host, None)
+    return Process(
+        name="router",
+        role="router",
+        instance="router",
+        index=0,
+        node_index=0,
+        host=r.host,
+        local=_is_local(topo, r.host),
+        ssh=_ssh(topo, r.host, None),
+        argv=_router_argv(topo),
+        env=plain,
+        path_prepend={},
+        secret_env=secret,
+        ports=[PlannedPort(port=u.port, purpose=u.purpose) for u in router_ports(topo)],
+        health_url=f"http://{_url_host(r.host)}:{r.port}/health",
+        devices=[],
+        work_dir=work_dir,
+        **_paths(work_dir, "router"),
+    )
+
+
+def build_plan(topo: Topology) -> Plan:
+    """The plan of a topology that passed the rules (callers check `rules.has_errors`)."""
+    bases = side_channel_bases(topo)
+    mooncake = mooncake_settings(topo)
+    procs = [_node_process(topo, n, bases, mooncake) for n in all_nodes(topo)]
+    procs.append(_router_process(topo))
+    return Plan(
+        deployment=topo.deployment,
+        model=topo.model.name,
+        served_model_name=served_name(topo),
+        agreed_block_size=kv.agreed_block_size(topo),
+        kv_connector=topo.kv_connector.kind,
+        processes=procs,
+    )

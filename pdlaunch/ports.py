@@ -1,0 +1,182 @@
+"""Nodes and the ports each one opens, derived once for rules (conflicts) and plan (flags).
+
+A *node* is one `vllm serve` process: an instance has one per host it spans
+(multi-node data parallel, as in the GB200 guide).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdlaunch.topology import Instance, Role, Topology, instance_name
+
+FieldPath = tuple[str | int, ...]
+
+# vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py:76-79: the NIXL
+# side channel listens on VLLM_NIXL_SIDE_CHANNEL_PORT + data_parallel_index, one per DP rank
+# (TP ranks' metadata is gathered and served by that one listener).
+SIDE_CHANNEL_SOURCE = "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py:76"
+
+
+@dataclass(frozen=True)
+class Node:
+    role: Role
+    index: int
+    instance: Instance
+    node_index: int
+    host: str
+    start_rank: int
+    local_size: int
+
+    @property
+    def name(self) -> str:
+        base = instance_name(self.role, self.index, self.instance)
+        return base if len(self.instance.node_hosts) == 1 else f"{base}-node{self.node_index}"
+
+    @property
+    def instance_name(self) -> str:
+        return instance_name(self.role, self.index, self.instance)
+
+    @property
+    def path(self) -> FieldPath:
+        return (self.role, self.index)
+
+    @property
+    def is_master(self) -> bool:
+        return self.node_index == 0
+
+    @property
+    def serves_http(self) -> bool:
+        # Without hybrid LB, nodes other than the master run headless (no API server).
+        return self.is_master or self.instance.dp.hybrid_lb
+
+    @property
+    def device_count(self) -> int:
+        return self.instance.tp * self.local_size
+
+
+@dataclass(frozen=True)
+class PortUse:
+    port: int
+    purpose: str
+    field: FieldPath
+
+
+def local_dp_size(inst: Instance) -> int:
+    if inst.dp.local_size is not None:
+        return inst.dp.local_size
+    return max(1, inst.dp.size // len(inst.node_hosts))
+
+
+def nodes_of(role: Role, index: int, inst: Instance) -> list[Node]:
+    local = local_dp_size(inst)
+    return [
+        Node(role, index, inst, i, host, start_rank=i * local, local_size=local)
+        for i, host in enumerate(inst.node_hosts)
+    ]
+
+
+def all_nodes(topo: Topology) -> list[Node]:
+    return [n for role, i, inst in topo.instances() for n in nodes_of(role, i, inst)]
+
+
+def _side_channel_ports(base: int, node: Node) -> list[int]:
+    return [base + node.start_rank + r for r in range(node.local_size)]
+
+
+def side_channel_bases(topo: Topology) -> dict[tuple[Role, int], int]:
+    """Pick each instance's NIXL base port so that instances sharing a host never collide.
+
+    An explicit `side_channel_port` is kept as written (the rules report a clash); the
+    others take the lowest base at or above the connector's that is free on all their hosts,
+    so separate hosts keep the guide's 5600 everywhere.
+    """
+    taken: dict[str, set[int]] = {}
+    bases: dict[tuple[Role, int], int] = {}
+    pending = []
+    for role, i, inst in topo.instances():
+        if inst.side_channel_port is not None:
+            bases[(role, i)] = inst.side_channel_port
+            for n in nodes_of(role, i, inst):
+                taken.setdefault(n.host, set()).update(
+                    _side_channel_ports(inst.side_channel_port, n)
+                )
+        else:
+            pending.append((role, i, inst))
+    for role, i, inst in pending:
+        nodes = nodes_of(role, i, inst)
+        others = {n.host: _other_ports(topo, n.host) for n in nodes}
+        base = topo.kv_connector.side_channel_port
+        while any(
+            set(_side_channel_ports(base, n)) & (taken.get(n.host, set()) | others[n.host])
+            for n in nodes
+        ):
+            base += 1
+        bases[(role, i)] = base
+        for n in nodes:
+            taken.setdefault(n.host, set()).update(_side_channel_ports(base, n))
+    return bases
+
+
+def _other_ports(topo: Topology, host: str) -> set[int]:
+    """Ports on `host` that are not NIXL side channels (so auto bases avoid them too)."""
+    out = {topo.router.port} if topo.router.host == host else set()
+    for n in all_nodes(topo):
+        if n.host == host:
+            out.update(p.port for p in _fixed_ports(topo, n, {}))
+    return out
+
+
+def mooncake_settings(topo: Topology) -> dict[tuple[Role, int], tuple[int, str]]:
+    """kv_port and engine_id per instance (the Ascend guide: 20001/"0" prefill, 20002/"1")."""
+    mc = topo.kv_connector.mooncake
+    out: dict[tuple[Role, int], tuple[int, str]] = {}
+    next_port, next_id = mc.kv_port, mc.engine_id_base
+    for role, i, inst in topo.instances():
+        port = inst.kv_port if inst.kv_port is not None else next_port
+        engine = inst.engine_id if inst.engine_id is not None else str(next_id)
+        out[(role, i)] = (port, engine)
+        next_port = port + 1
+        next_id += 1
+    return out
+
+
+def _fixed_ports(topo: Topology, node: Node, _: dict) -> list[PortUse]:
+    inst, path = node.instance, node.path
+    uses: list[PortUse] = []
+    if node.serves_http:
+        uses.append(PortUse(inst.port, "HTTP API", (*path, "port")))
+    if inst.dp.size > 1 and node.is_master:
+        uses.append(PortUse(inst.dp.rpc_port, "data-parallel RPC", (*path, "dp", "rpc_port")))
+    return uses
+
+
+def node_ports(
+    topo: Topology,
+    node: Node,
+    bases: dict[tuple[Role, int], int],
+    mooncake: dict[tuple[Role, int], tuple[int, str]] | None = None,
+) -> list[PortUse]:
+    uses = _fixed_ports(topo, node, {})
+    key = (node.role, node.index)
+    if topo.kv_connector.kind == "nixl":
+        field = (
+            (*node.path, "side_channel_port")
+            if node.instance.side_channel_port is not None
+            else ("kv_connector", "side_channel_port")
+        )
+        for rank, port in enumerate(_side_channel_ports(bases[key], node), node.start_rank):
+            uses.append(PortUse(port, f"NIXL side channel (DP rank {rank})", field))
+    elif mooncake is not None:
+        port, _ = mooncake[key]
+        field = (
+            (*node.path, "kv_port")
+            if node.instance.kv_port is not None
+            else ("kv_connector", "mooncake", "kv_port")
+        )
+        uses.append(PortUse(port, "Mooncake kv_port", field))
+    return uses
+
+
+def router_ports(topo: Topology) -> list[PortUse]:
+    return [PortUse(topo.router.port, "router HTTP", ("router", "port"))]

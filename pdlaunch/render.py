@@ -1,0 +1,103 @@
+"""Fill the Jinja templates from a plan: one script per process, plus an index.
+
+Every value that reaches a shell goes through `shquote` (or `command`, built on it);
+templates never quote by hand. Same plan in, same bytes out.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from pdlaunch import __version__
+from pdlaunch.plan import Plan, Process
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def templates_dir() -> Path:
+    """Templates ship inside the wheel (pdlaunch/templates); a source checkout keeps them
+    at the top level."""
+    for candidate in (_PACKAGE / "templates", _PACKAGE.parent / "templates"):
+        if (candidate / "process.sh.j2").is_file():
+            return candidate
+    raise FileNotFoundError("pdlaunch templates are missing from this installation")
+
+
+def shquote(value: object) -> str:
+    return shlex.quote(str(value))
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def comment(value: object) -> str:
+    """Text safe inside a `#` comment: no newline can end the comment early."""
+    return _CONTROL.sub("?", str(value))
+
+
+def command(argv: list[str]) -> str:
+    """Quoted argv, one flag (with its value) per line, for scripts people read."""
+    lines: list[list[str]] = [[]]
+    for i, arg in enumerate(argv):
+        if i > 0 and arg.startswith("-") and lines[-1]:
+            lines.append([])
+        lines[-1].append(shquote(arg))
+    return " \\\n    ".join(" ".join(words) for words in lines)
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters.update(shquote=shquote, comment=comment, command=command)
+    return env
+
+
+@dataclass(frozen=True)
+class RenderedFile:
+    name: str
+    content: str
+    executable: bool
+
+
+def render_process(plan: Plan, process: Process) -> str:
+    tpl = _environment().get_template("process.sh.j2")
+    return tpl.render(plan=plan, p=process, version=__version__)
+
+
+def render_plan(plan: Plan) -> list[RenderedFile]:
+    env = _environment()
+    script = env.get_template("process.sh.j2")
+    files = [
+        RenderedFile(f"{p.name}.sh", script.render(plan=plan, p=p, version=__version__), True)
+        for p in plan.processes
+    ]
+    index = env.get_template("index.md.j2").render(plan=plan, version=__version__)
+    files.append(RenderedFile("index.md", index, False))
+    plan_json = json.dumps(plan.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+    files.append(RenderedFile("plan.json", plan_json, False))
+    return files
+
+
+def write_files(files: list[RenderedFile], out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for f in files:
+        path = out_dir / f.name
+        tmp = path.with_name(f".{f.name}.tmp")
+        tmp.write_text(f.content, encoding="utf-8")
+        tmp.chmod(0o755 if f.executable else 0o644)
+        tmp.replace(path)
+        written.append(path)
+    return written

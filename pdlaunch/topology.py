@@ -1,0 +1,257 @@
+"""The topology schema: what a user writes in topology.yaml, as pydantic models.
+
+Only shape and per-field ranges live here; cross-field constraints (ports, block
+sizes, layouts, TP) are rules in `rules.py`, so every one of them can name its
+source and a fix.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DeviceKind = Literal["cuda", "hpu", "npu", "cpu"]
+KvLayout = Literal["NHD", "HND"]
+Role = Literal["prefill", "decode"]
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+PositiveInt = Annotated[int, Field(ge=1)]
+
+SECRET_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+ENV_HOSTNAME = re.compile(r"^[A-Za-z0-9_.:%-]{1,253}$")
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+HOSTNAME = re.compile(r"^[A-Za-z0-9_.:%-]{1,253}$")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+class Strict(BaseModel):
+    # Unknown keys are errors: a typo such as `blocksize:` must not pass silently.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_env(env: dict[str, str]) -> dict[str, str]:
+    for key, value in env.items():
+        if not ENV_NAME.match(key):
+            raise ValueError(f"{key!r} is not a valid environment variable name")
+        refs = SECRET_REF.findall(value)
+        if refs and SECRET_REF.fullmatch(value) is None:
+            raise ValueError(
+                f"{key}: a secret reference must be the whole value (write '${{env:{refs[0]}}}')"
+            )
+    return env
+
+
+EnvMap = dict[str, str]
+
+
+def _check_host(host: str) -> str:
+    if not HOSTNAME.match(host):
+        raise ValueError(f"{host!r} is not a host name or IP address")
+    return host
+
+
+class Ssh(Strict):
+    user: str | None = None
+    port: Port = 22
+    key: str | None = Field(None, description="Private key file on the control host")
+    jump: str | None = Field(None, description="ProxyJump host, [user@]host[:port]")
+    connect_timeout: float = Field(10.0, gt=0, le=600)
+
+
+class HostSettings(Strict):
+    ssh: Ssh | None = None
+    env: EnvMap = Field(default_factory=dict)
+    work_dir: str | None = None
+    local: bool | None = Field(
+        None, description="Run without SSH (default: true for 127.0.0.1/localhost/::1)"
+    )
+
+    _env = field_validator("env")(_check_env)
+
+
+class Model(Strict):
+    name: str = Field(min_length=1, description="HF model id or a path on every node")
+    served_name: str | None = None
+    dtype: str = "auto"
+    max_model_len: PositiveInt | None = None
+    kv_cache_dtype: str = Field("auto", description="--kv-cache-dtype; must match on P and D")
+    trust_remote_code: bool = False
+    tokenizer: str | None = None
+
+
+class Defaults(Strict):
+    ssh: Ssh = Field(default_factory=Ssh)
+    env: EnvMap = Field(default_factory=dict)
+    work_dir: str = Field("/tmp/pdlaunch", description="Where scripts and logs go on each host")
+    vllm_bin: str = Field("vllm", description="vLLM launcher on the nodes (or a stand-in)")
+    extra_args: list[str] = Field(default_factory=list)
+    ld_library_path: list[str] = Field(default_factory=list)
+    gpu_memory_utilization: float = Field(0.8, gt=0, le=1)
+
+    _env = field_validator("env")(_check_env)
+
+
+class DataParallel(Strict):
+    size: PositiveInt = 1
+    local_size: PositiveInt | None = Field(
+        None, description="DP ranks per node (default: size / number of hosts)"
+    )
+    master_address: str | None = Field(None, description="Default: the instance's first host")
+    rpc_port: Port = 13345
+    hybrid_lb: bool = Field(
+        False, description="--data-parallel-hybrid-lb: every node serves its own HTTP port"
+    )
+
+
+class Instance(Strict):
+    name: str | None = Field(None, description="Default: <role>-<index>")
+    host: str | None = Field(None, description="Shorthand for hosts: [host]")
+    hosts: list[str] | None = Field(None, description="Nodes of a multi-node DP instance")
+    device: DeviceKind
+    model_path: str | None = Field(
+        None, description="This instance's path to the same weights (default: model.name)"
+    )
+    dtype: str | None = Field(None, description="Overrides model.dtype (must agree)")
+    kv_cache_dtype: str | None = Field(None, description="Overrides model.kv_cache_dtype")
+    port: Port = 8000
+    bind: str = Field("0.0.0.0", description="--host for vllm serve")
+    tp: PositiveInt = 1
+    dp: DataParallel = Field(default_factory=DataParallel)
+    devices: list[int] | None = Field(
+        None, description="Device indices on each host (default: 0..TP*local DP-1)"
+    )
+    kv_layout: KvLayout | None = Field(None, description="Default: the device's preferred layout")
+    block_size: PositiveInt | None = Field(None, description="Default: the device's default")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    prefix_caching: bool | None = Field(
+        None, description="Default: off on prefill when KV post-processing needs it, else on"
+    )
+    enforce_eager: bool = False
+    side_channel_port: Port | None = Field(
+        None,
+        description="NIXL side-channel base port (default: allocated per host from "
+        "kv_connector.side_channel_port)",
+    )
+    kv_port: Port | None = Field(None, description="Mooncake kv_port (default: allocated)")
+    engine_id: str | None = Field(None, description="Mooncake engine_id (default: allocated)")
+    env: EnvMap = Field(default_factory=dict)
+    extra_args: list[str] = Field(default_factory=list)
+    ssh: Ssh | None = None
+    work_dir: str | None = None
+    vllm_bin: str | None = None
+
+    _env = field_validator("env")(_check_env)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        if v is not None and not NAME.match(v):
+            raise ValueError("use letters, digits, '.', '_' or '-' (at most 63 characters)")
+        return v
+
+    @field_validator("devices")
+    @classmethod
+    def _devices(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None:
+            if any(d < 0 for d in v):
+                raise ValueError("device indices are >= 0")
+            if len(set(v)) != len(v):
+                raise ValueError("a device is listed twice")
+        return v
+
+    @field_validator("host", "bind")
+    @classmethod
+    def _host(cls, v: str | None) -> str | None:
+        return _check_host(v) if v is not None else v
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, v: list[str] | None) -> list[str] | None:
+        return [_check_host(h) for h in v] if v is not None else v
+
+    @model_validator(mode="after")
+    def _one_host_form(self) -> Instance:
+        if (self.host is None) == (self.hosts is None):
+            raise ValueError("give exactly one of 'host' or 'hosts'")
+        if self.hosts is not None and not self.hosts:
+            raise ValueError("'hosts' needs at least one host")
+        return self
+
+    @property
+    def node_hosts(self) -> list[str]:
+        return [self.host] if self.host is not None else list(self.hosts or [])
+
+
+class Mooncake(Strict):
+    kv_port: Port = 20001
+    engine_id_base: int = Field(0, ge=0)
+    module_path: str = "vllm_ascend.distributed.mooncake_connector"
+    connector: str = "MooncakeConnectorV1"
+
+
+class KvConnector(Strict):
+    kind: Literal["nixl", "mooncake"] = "nixl"
+    side_channel_port: Port = Field(5600, description="VLLM_NIXL_SIDE_CHANNEL_PORT base")
+    agreed_block_size: Literal["auto"] | PositiveInt = "auto"
+    kv_buffer_device: Literal["auto", "cuda", "hpu", "npu", "cpu", "xpu"] = "auto"
+    load_failure_policy: Literal["recompute", "fail"] | None = None
+    enforce_handshake_compat: bool | None = Field(
+        None, description="Default: false when prefill and decode device kinds differ"
+    )
+    abort_request_timeout: PositiveInt | None = Field(
+        None, description="VLLM_NIXL_ABORT_REQUEST_TIMEOUT seconds"
+    )
+    mooncake: Mooncake = Field(default_factory=Mooncake)
+
+
+class Router(Strict):
+    _hosts = field_validator("host", "bind")(lambda v: _check_host(v))
+    kind: Literal["vllm-router", "toy-proxy"] = "vllm-router"
+    host: str = "127.0.0.1"
+    bind: str = "0.0.0.0"
+    port: Port = 8123
+    policy: Literal["round_robin", "random", "cache_aware", "power_of_two", "consistent_hash"] = (
+        "round_robin"
+    )
+    binary: str = Field("vllm-router", description="Router executable (or toy proxy script)")
+    max_concurrent_requests: PositiveInt | None = None
+    intra_node_data_parallel_size: PositiveInt | None = None
+    extra_args: list[str] = Field(default_factory=list)
+    env: EnvMap = Field(default_factory=dict)
+
+    _env = field_validator("env")(_check_env)
+
+
+class Topology(Strict):
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        json_schema_extra={"title": "pdlaunch topology"},
+    )
+
+    deployment: str = Field(description="Deployment name: state and script directories use it")
+    model: Model
+    defaults: Defaults = Field(default_factory=Defaults)
+    hosts: dict[str, HostSettings] = Field(default_factory=dict)
+    prefill: list[Instance] = Field(min_length=1)
+    decode: list[Instance] = Field(min_length=1)
+    kv_connector: KvConnector = Field(default_factory=KvConnector)
+    router: Router = Field(default_factory=Router)
+
+    @field_validator("deployment")
+    @classmethod
+    def _deployment(cls, v: str) -> str:
+        if not NAME.match(v):
+            raise ValueError("use letters, digits, '.', '_' or '-' (at most 63 characters)")
+        return v
+
+    def instances(self) -> list[tuple[Role, int, Instance]]:
+        return [("prefill", i, x) for i, x in enumerate(self.prefill)] + [
+            ("decode", i, x) for i, x in enumerate(self.decode)
+        ]
+
+
+def instance_name(role: Role, index: int, inst: Instance) -> str:
+    return inst.name or f"{role}-{index}"
