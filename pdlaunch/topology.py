@@ -20,8 +20,7 @@ Port = Annotated[int, Field(ge=1, le=65535)]
 PositiveInt = Annotated[int, Field(ge=1)]
 
 SECRET_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
-ENV_HOSTNAME = re.compile(r"^[A-Za-z0-9_.:%-]{1,253}$")
-NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 HOSTNAME = re.compile(r"^[A-Za-z0-9_.:%-]{1,253}$")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
