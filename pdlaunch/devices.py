@@ -64,7 +64,10 @@ PROFILES: dict[str, DeviceProfile] = {
         layouts=frozenset({"NHD", "HND"}),
         default_layout="HND",
         default_block_size=16,
-        block_power_of_two=True,
+        # vllm/config/cache.py:72-76 takes any int; FLASH_ATTN/TRITON need multiples of 16
+        # (vllm/v1/attention/backends/flash_attn.py:355-365).
+        block_multiple_of=16,
+        max_block_size=1024,
         connectors=frozenset({"nixl"}),
         env=NIXL_NODE_ENV,
         source="seeds/hetero-pd-cuda-gaudi-nixl-rev2.md (CUDA launch script); "

@@ -301,7 +301,9 @@ def _node_process(topo: Topology, node: Node, bases: dict, mooncake: dict) -> Pr
     devices = devices_of(topo, node)
     env, prepend, secret = _serve_env(topo, node, bases, devices)
     work_dir = _work_dir(topo, node.host, inst.work_dir)
-    ports = [PlannedPort(port=u.port, purpose=u.purpose) for u in node_ports(topo, node, bases, mooncake)]
+    ports = [
+        PlannedPort(port=u.port, purpose=u.purpose) for u in node_ports(topo, node, bases, mooncake)
+    ]
     health = f"http://{_url_host(node.host)}:{inst.port}/health" if node.serves_http else None
     return Process(
         name=node.name,
@@ -337,10 +339,13 @@ def _router_argv(topo: Topology) -> list[str]:
     prefill, decode = router_urls(topo, "prefill"), router_urls(topo, "decode")
     if r.kind == "toy-proxy":
         launcher = ["python", r.binary] if r.binary.endswith(".py") else [r.binary]
+
         def hosts(urls: list[str]) -> list[str]:
             return [u.split("//", 1)[1].rsplit(":", 1)[0].strip("[]") for u in urls]
+
         def ports(urls: list[str]) -> list[str]:
             return [u.rsplit(":", 1)[1] for u in urls]
+
         return [
             *launcher, "--host", r.bind, "--port", str(r.port),
             "--prefiller-hosts", *hosts(prefill), "--prefiller-ports", *ports(prefill),

@@ -136,7 +136,8 @@ def mooncake_settings(topo: Topology) -> dict[tuple[Role, int], tuple[int, str]]
         port = inst.kv_port if inst.kv_port is not None else next_port
         engine = inst.engine_id if inst.engine_id is not None else str(next_id)
         out[(role, i)] = (port, engine)
-        next_port = port + 1
+        # Each engine's producer listens on tp x DP consecutive ports from its kv_port.
+        next_port = port + inst.tp * inst.dp.size
         next_id += 1
     return out
 
@@ -146,7 +147,9 @@ def _fixed_ports(topo: Topology, node: Node, _: dict) -> list[PortUse]:
     uses: list[PortUse] = []
     if node.serves_http:
         uses.append(PortUse(inst.port, "HTTP API", (*path, "port")))
-    if inst.dp.size > 1 and node.is_master:
+    # vllm/v1/engine/utils.py:1307-1329: only the start-rank-0 front end binds the RPC port,
+    # and only over TCP when DP spans nodes (one host uses an IPC path).
+    if inst.dp.size > 1 and node.is_master and len(inst.node_hosts) > 1:
         uses.append(PortUse(inst.dp.rpc_port, "data-parallel RPC", (*path, "dp", "rpc_port")))
     return uses
 
@@ -167,14 +170,23 @@ def node_ports(
         )
         for rank, port in enumerate(_side_channel_ports(bases[key], node), node.start_rank):
             uses.append(PortUse(port, f"NIXL side channel (DP rank {rank})", field))
-    elif mooncake is not None:
+    elif mooncake is not None and node.role == "prefill":
+        # vllm-ascend mooncake_connector (MooncakeConnectorWorker): the producer's sending
+        # thread listens on kv_port + dp_rank*tp + tp_rank; the consumer only connects.
         port, _ = mooncake[key]
         field = (
             (*node.path, "kv_port")
             if node.instance.kv_port is not None
             else ("kv_connector", "mooncake", "kv_port")
         )
-        uses.append(PortUse(port, "Mooncake kv_port", field))
+        tp = node.instance.tp
+        for rank in range(node.start_rank, node.start_rank + node.local_size):
+            for tp_rank in range(tp):
+                uses.append(
+                    PortUse(
+                        port + rank * tp + tp_rank, f"Mooncake KV (DP {rank}, TP {tp_rank})", field
+                    )
+                )
     return uses
 
 

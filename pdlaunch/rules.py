@@ -391,7 +391,9 @@ def tp_order(topo: Topology) -> Iterator[Finding]:
                         where,
                         f"{pair}: the Mooncake connector needs prefill TP >= decode TP",
                         f"raise prefill tp to at least {d.tp} or lower decode tp",
-                        f"{SEED_ASCEND} (Usage Restrictions)",
+                        f"{SEED_ASCEND} (Usage Restrictions); vllm-ascend mooncake_connector "
+                        "('prefill_tp_size ... must be greater than or equal to the "
+                        "decode_tp_size')",
                     )
                 continue
             if max(p.tp, d.tp) % min(p.tp, d.tp):
@@ -413,6 +415,44 @@ def tp_order(topo: Topology) -> Iterator[Finding]:
                     f"{NIXL}:2604 ('Different local/remote block sizes are not supported "
                     "when P TP > D TP')",
                 )
+
+
+@rule("tp-layout", "P TP > D TP splits heads: prefill pages must be HND", f"{NIXL}:2536")
+def tp_layout(topo: Topology) -> Iterator[Finding]:
+    if topo.kv_connector.kind != "nixl":
+        return
+    for pi, p in enumerate(topo.prefill):
+        adv = kv.prefill_kv(topo, p)
+        for di, d in enumerate(topo.decode):
+            if p.tp != d.tp and adv.layout == "NHD" and kv.kv_layout(d) == "NHD":
+                yield _err(
+                    "tp-layout",
+                    ("prefill", pi, "kv_layout"),
+                    f"{_name('prefill', pi, p)} (TP {p.tp}) and {_name('decode', di, d)} "
+                    f"(TP {d.tp}) differ in TP, so decode reads a slice of the heads, which "
+                    "needs head-contiguous (HND) pages on prefill",
+                    "use kv_layout: HND on prefill, or equal TP sizes",
+                    f"{NIXL}:2536-2546 ('Heterogeneous TP head-dimension splitting requires "
+                    "contiguous heads')",
+                )
+
+
+@rule("pipeline-parallel", "NIXL decode cannot run pipeline parallel", f"{NIXL}:775")
+def pipeline_parallel(topo: Topology) -> Iterator[Finding]:
+    for path, args in _arg_lists(topo):
+        for j, arg in enumerate(args):
+            flag, _, value = arg.partition("=")
+            if flag in ("--pipeline-parallel-size", "-pp"):
+                if not value and j + 1 < len(args):
+                    value = args[j + 1]
+                if value.strip() not in ("", "1"):
+                    yield _err(
+                        "pipeline-parallel",
+                        (*path, j),
+                        f"pipeline parallel {value} is refused by vLLM's NIXL connector",
+                        "use tensor or data parallelism instead",
+                        f"{NIXL}:775-779",
+                    )
 
 
 @rule("dp-shape", "data-parallel sizes add up across an instance's nodes", SEED_GB200)
@@ -496,28 +536,39 @@ def port_conflict(topo: Topology) -> Iterator[Finding]:
                     )
 
 
-# Ports HCCL binds on an Ascend host for each NPU (HCCL_IF_BASE_PORT default 60000, one per
-# device id); a Mooncake kv_port range overlapping them fails at NPU link setup.
-ASCEND_RESERVED = range(60000, 60016)
+def _hccl_ranges(env: dict[str, str]) -> list[tuple[str, range]]:
+    """Port ranges HCCL reserves on an Ascend host: HCCL_HOST_SOCKET_PORT_RANGE and
+    HCCL_NPU_SOCKET_PORT_RANGE ("a-b"); the NPU side defaults to 16666 when unset."""
+    out = []
+    for var in ("HCCL_HOST_SOCKET_PORT_RANGE", "HCCL_NPU_SOCKET_PORT_RANGE"):
+        value = env.get(var, "")
+        lo, sep, hi = value.partition("-")
+        if sep and lo.strip().isdigit() and hi.strip().isdigit():
+            out.append((var, range(int(lo), int(hi) + 1)))
+    if "HCCL_NPU_SOCKET_PORT_RANGE" not in env:
+        out.append(("HCCL NPU default port", range(16666, 16667)))
+    return out
 
 
-@rule("ascend-ports", "Mooncake ports stay out of the range Ascend reserves", SEED_ASCEND)
+@rule("ascend-ports", "Mooncake ports stay out of the ranges HCCL reserves", "CANN HCCL docs")
 def ascend_ports(topo: Topology) -> Iterator[Finding]:
     bases = side_channel_bases(topo)
     mooncake = mooncake_settings(topo)
     for node in all_nodes(topo):
         if node.instance.device != "npu":
             continue
+        env = {**topo.defaults.env, **node.instance.env}
         for use in node_ports(topo, node, bases, mooncake):
-            if use.port in ASCEND_RESERVED:
-                yield _err(
-                    "ascend-ports",
-                    use.field,
-                    f"{node.name}: {use.purpose} port {use.port} is in the range HCCL reserves "
-                    f"on Ascend hosts ({ASCEND_RESERVED.start}-{ASCEND_RESERVED.stop - 1})",
-                    "pick ports below 60000",
-                    "Ascend HCCL: HCCL_IF_BASE_PORT (default 60000), 16 ports per host",
-                )
+            for var, reserved in _hccl_ranges(env):
+                if use.port in reserved:
+                    yield _err(
+                        "ascend-ports",
+                        use.field,
+                        f"{node.name}: {use.purpose} port {use.port} is inside {var} "
+                        f"({reserved.start}-{reserved.stop - 1}), which HCCL binds",
+                        "move the port out of the HCCL range (or move the range)",
+                        "Huawei CANN: HCCL_HOST_SOCKET_PORT_RANGE / HCCL_NPU_SOCKET_PORT_RANGE",
+                    )
 
 
 @rule("devices", "instances on a host get disjoint devices, TP x local DP each", SEED_ASCEND)
