@@ -1,0 +1,72 @@
+"""KV connector extension: prefill-side re-blocking and NHD→HND over NIXL.
+
+This package root is safe to import on the control host: it imports neither
+torch, vLLM nor nixl.  ``pdlaunch.kv.blocks`` (torch) and
+``pdlaunch.kv.connector`` (torch + vLLM 0.32 + nixl) are only imported on
+prefill nodes, by vLLM itself through ``kv_connector_module_path``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Value for ``kv_connector_module_path`` in ``--kv-transfer-config``.
+CONNECTOR_MODULE_PATH = "pdlaunch.kv.connector"
+#: Value for ``kv_connector`` in ``--kv-transfer-config``.
+CONNECTOR_CLASS = "PdlaunchNixlConnector"
+
+#: ``kv_connector_extra_config`` keys read by the connector.
+KEY_AGREED_BLOCK_SIZE = "agreed_block_size"
+KEY_DECODE_BLOCK_SIZES = "decode_block_sizes"
+KEY_DECODE_KV_LAYOUT = "decode_kv_layout"
+EXTRA_CONFIG_KEYS = (KEY_AGREED_BLOCK_SIZE, KEY_DECODE_BLOCK_SIZES, KEY_DECODE_KV_LAYOUT)
+
+#: vLLM versions the connector was built and tested against.
+TESTED_VLLM_VERSIONS = ("0.32.0",)
+
+
+def prefill_kv_transfer_config(
+    *,
+    agreed_block_size: int,
+    decode_block_sizes: list[int] | tuple[int, ...] | int,
+    decode_kv_layout: str = "HND",
+    kv_role: str = "kv_producer",
+    kv_buffer_device: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``--kv-transfer-config`` dict for a prefill instance using the extension.
+
+    Pure Python (no torch/vLLM): the launcher's plan calls it on the control host.
+    """
+    sizes = (
+        [decode_block_sizes] if isinstance(decode_block_sizes, int) else list(decode_block_sizes)
+    )
+    extra_config: dict[str, Any] = dict(extra or {})
+    extra_config.update(
+        {
+            KEY_AGREED_BLOCK_SIZE: int(agreed_block_size),
+            KEY_DECODE_BLOCK_SIZES: [int(s) for s in sizes],
+            KEY_DECODE_KV_LAYOUT: decode_kv_layout,
+        }
+    )
+    config: dict[str, Any] = {
+        "kv_connector": CONNECTOR_CLASS,
+        "kv_connector_module_path": CONNECTOR_MODULE_PATH,
+        "kv_role": kv_role,
+        "kv_connector_extra_config": extra_config,
+    }
+    if kv_buffer_device is not None:
+        config["kv_buffer_device"] = kv_buffer_device
+    return config
+
+
+__all__ = [
+    "CONNECTOR_CLASS",
+    "CONNECTOR_MODULE_PATH",
+    "EXTRA_CONFIG_KEYS",
+    "KEY_AGREED_BLOCK_SIZE",
+    "KEY_DECODE_BLOCK_SIZES",
+    "KEY_DECODE_KV_LAYOUT",
+    "TESTED_VLLM_VERSIONS",
+    "prefill_kv_transfer_config",
+]
