@@ -104,7 +104,7 @@ def _walk(node: yaml.Node, path: FieldPath, lines: dict[FieldPath, int]) -> None
                 raise _BadKey(key_node.start_mark.line + 1)
             key = key_node.value
             if key in seen:
-                raise _Duplicate(key, key_node.start_mark.line + 1)
+                raise _Duplicate(dotted((*path, key)), key_node.start_mark.line + 1)
             seen.add(key)
             lines[(*path, key)] = key_node.start_mark.line + 1
             _walk(value_node, (*path, key), lines)

@@ -1,0 +1,167 @@
+"""Bad input gets a clear message with file:line and field, the right exit code, and never
+a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pdlaunch.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCAL = ROOT / "topologies" / "local-cpu.yaml"
+runner = CliRunner()
+
+GOOD = LOCAL.read_text()
+
+
+def run(*args: str):
+    result = runner.invoke(app, list(args))
+    assert "Traceback" not in result.output, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result
+
+
+def write(tmp_path: Path, text: str | bytes) -> Path:
+    p = tmp_path / "t.yaml"
+    if isinstance(text, bytes):
+        p.write_bytes(text)
+    else:
+        p.write_text(text)
+    return p
+
+
+def test_valid_exit_0_and_json():
+    r = run("validate", str(LOCAL), "--json")
+    assert r.exit_code == 0
+    assert json.loads(r.stdout)["valid"] is True
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (None, "no such file"),
+        ("", "empty"),
+        ("deployment: [\n", "invalid YAML"),
+        (b"\x00\x01\x02binary", "binary"),
+        (b"\xff\xfe bad utf8", "UTF-8"),
+        ("- just\n- a list\n", "mapping"),
+    ],
+)
+def test_unreadable_input_exit_2(tmp_path, content, expected):
+    path = tmp_path / "missing.yaml" if content is None else write(tmp_path, content)
+    r = run("validate", str(path))
+    assert r.exit_code == 2
+    assert expected in r.output
+
+
+def test_directory_exit_2(tmp_path):
+    r = run("validate", str(tmp_path))
+    assert r.exit_code == 2 and "directory" in r.output
+
+
+@pytest.mark.parametrize(
+    "old, new, line, field, words",
+    [
+        (
+            "    port: 8200",
+            "    port: 8200\n    blocksize: 32",
+            2,
+            "decode[0].blocksize",
+            "unknown key",
+        ),
+        ("    port: 8200", "    port: 70000", 1, "decode[0].port", "65535"),
+        ("    port: 8100", "    port: -1", 1, "prefill[0].port", "greater than"),
+        ("    port: 8100", "    port: 8100\n    tp: 0", 2, "prefill[0].tp", "greater than"),
+        ("    port: 8100", "    port: eighty", 1, "prefill[0].port", "integer"),
+        (
+            "    device: cpu\n    port: 8200",
+            "    device: gpu\n    port: 8200",
+            1,
+            "decode[0].device",
+            "'cuda'",
+        ),
+    ],
+)
+def test_schema_errors_name_line_and_field(tmp_path, old, new, line, field, words):
+    assert old in GOOD
+    text = GOOD.replace(old, new, 1)
+    # `line` counts from the first line of the replacement text.
+    line += text[: text.index(new)].count("\n")
+    path = write(tmp_path, text)
+    r = run("validate", str(path))
+    assert r.exit_code == 2
+    assert f"{path}:{line} {field}" in r.output, r.output
+    assert words in r.output
+
+
+def test_duplicate_key_is_an_error(tmp_path):
+    text = GOOD.replace("    port: 8100", "    port: 8100\n    port: 8101", 1)
+    line = text[: text.index("    port: 8101")].count("\n") + 1
+    path = write(tmp_path, text)
+    r = run("validate", str(path))
+    assert (
+        r.exit_code == 2
+        and "given twice" in r.output
+        and f"{path}:{line} prefill[0].port" in r.output
+    )
+
+
+def test_rule_findings_exit_1_with_table(tmp_path):
+    path = write(tmp_path, GOOD.replace("port: 8200", "port: 8100"))
+    r = run("validate", str(path))
+    assert r.exit_code == 1
+    assert "port-conflict" in r.output and "nothing was started" in r.output
+    r = run("validate", str(path), "--json")
+    found = json.loads(r.stdout)["findings"]
+    line = GOOD[: GOOD.index("port: 8200")].count("\n") + 1
+    assert found[0]["rule"] == "port-conflict" and found[0]["line"] == line
+
+
+def test_duplicate_instance_names(tmp_path):
+    text = GOOD.replace(
+        "  - host: 127.0.0.1\n    device: cpu\n    port: 8200",
+        "  - host: 127.0.0.1\n    name: prefill-0\n    device: cpu\n    port: 8200",
+    )
+    r = run("validate", str(write(tmp_path, text)))
+    assert r.exit_code == 1 and "unique-names" in r.output
+
+
+def test_render_writes_scripts_and_is_byte_stable(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert run("render", str(LOCAL), "-o", str(a)).exit_code == 0
+    assert run("render", str(LOCAL), "-o", str(b)).exit_code == 0
+    names = sorted(p.name for p in a.iterdir())
+    assert names == ["decode-0.sh", "index.md", "plan.json", "prefill-0.sh", "router.sh"]
+    for name in names:
+        assert (a / name).read_bytes() == (b / name).read_bytes()
+    assert (a / "prefill-0.sh").stat().st_mode & 0o111
+
+
+def test_render_refuses_file_as_output(tmp_path):
+    target = write(tmp_path, "x")
+    r = run("render", str(LOCAL), "-o", str(target))
+    assert r.exit_code == 2
+
+
+def test_render_invalid_topology_writes_nothing(tmp_path):
+    path = write(tmp_path, GOOD.replace("port: 8200", "port: 8100"))
+    out = tmp_path / "out"
+    assert run("render", str(path), "-o", str(out)).exit_code == 1
+    assert not out.exists()
+
+
+def test_plan_json_lists_every_process():
+    r = run("plan", str(LOCAL), "--json")
+    data = json.loads(r.stdout)
+    assert [p["name"] for p in data["processes"]] == ["prefill-0", "decode-0", "router"]
+
+
+def test_schema_is_json_schema_forbidding_unknown_keys():
+    r = run("schema")
+    schema = json.loads(r.stdout)
+    assert schema["additionalProperties"] is False
+    assert "prefill" in schema["required"]

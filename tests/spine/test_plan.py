@@ -1,0 +1,137 @@
+"""The plan derives every value once; check the derived values against the sources."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pdlaunch.load import load, load_text
+from pdlaunch.plan import KV_EXTENSION_CLASS, KV_EXTENSION_MODULE, build_plan
+from pdlaunch.render import render_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def plan_of(name: str):
+    topo, _ = load(ROOT / "topologies" / name)
+    return build_plan(topo)
+
+
+def kv_config(proc) -> dict:
+    return json.loads(proc.argv[proc.argv.index("--kv-transfer-config") + 1])
+
+
+def test_local_cpu_binds_separate_cores_and_side_channels():
+    plan = plan_of("local-cpu.yaml")
+    p, d = plan.by_role("prefill")[0], plan.by_role("decode")[0]
+    assert p.env["VLLM_CPU_OMP_THREADS_BIND"] != d.env["VLLM_CPU_OMP_THREADS_BIND"]
+    assert p.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] != d.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]
+    assert kv_config(p)["kv_buffer_device"] == "cpu"
+    assert p.env["VLLM_KV_CACHE_LAYOUT"] == "HND"
+    assert p.local and d.local
+    assert plan.router.argv[:1] == ["vllm-router"]
+    assert "--vllm-pd-disaggregation" in plan.router.argv
+    assert p.health_url == "http://127.0.0.1:8100/health"
+
+
+def test_gaudi_prefill_uses_extension_and_agreed_16():
+    plan = plan_of("gaudi-prefill-cuda-decode.yaml")
+    p, d = plan.by_role("prefill")[0], plan.by_role("decode")[0]
+    assert plan.agreed_block_size == 16
+    cfg = kv_config(p)
+    assert cfg["kv_connector"] == KV_EXTENSION_CLASS
+    assert cfg["kv_connector_module_path"] == KV_EXTENSION_MODULE
+    assert cfg["kv_connector_extra_config"] == {
+        "enforce_handshake_compat": False,
+        "agreed_block_size": 16,
+    }
+    assert "--no-enable-prefix-caching" in p.argv
+    assert "--no-enable-prefix-caching" not in d.argv
+    assert kv_config(d)["kv_connector"] == "NixlConnector"
+    assert p.env["UCX_TLS"] == "ib,rc,gaudi_gdr" and d.env["UCX_TLS"] == "ib,rc,cuda_copy"
+    assert kv_config(p)["kv_buffer_device"] == "hpu"
+    assert kv_config(d)["kv_buffer_device"] == "cuda"
+    assert p.path_prepend["LD_LIBRARY_PATH"][0] == "/tmp/ucx_install/lib"
+
+
+def test_cuda_prefill_gaudi_decode_permutes_on_decode():
+    plan = plan_of("cuda-prefill-gaudi-decode.yaml")
+    p, d = plan.by_role("prefill")[0], plan.by_role("decode")[0]
+    assert kv_config(d)["enable_permute_local_kv"] is True
+    assert "enable_permute_local_kv" not in kv_config(p)
+    assert kv_config(p)["kv_connector"] == "NixlConnector"
+    assert d.env["HABANA_VISIBLE_MODULES"] == "0"
+
+
+def test_gb200_nodes_ranks_and_ports():
+    plan = plan_of("gb200-xpyd.yaml")
+    names = [p.name for p in plan.processes]
+    assert names == [
+        "prefill-0-node0",
+        "prefill-0-node1",
+        "prefill-1-node0",
+        "prefill-1-node1",
+        "decode-0-node0",
+        "decode-0-node1",
+        "router",
+    ]
+    worker = plan.processes[1]
+    argv = worker.argv
+    assert argv[argv.index("--data-parallel-start-rank") + 1] == "4"
+    assert argv[argv.index("--data-parallel-address") + 1] == "gb200-p0-master"
+    assert argv[argv.index("--data-parallel-size-local") + 1] == "4"
+    assert "--data-parallel-hybrid-lb" in argv
+    side = sorted(x.port for x in worker.ports if "NIXL" in x.purpose)
+    assert side == [5604, 5605, 5606, 5607]  # base + global DP rank
+    assert worker.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
+    assert worker.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    master_ports = {x.port for x in plan.processes[0].ports}
+    assert 13345 in master_ports and 13345 not in {x.port for x in worker.ports}
+    assert plan.router.argv.count("--prefill") == 4 and plan.router.argv.count("--decode") == 2
+    assert worker.secret_env == {"HF_TOKEN": "HF_TOKEN"}
+    assert "HF_TOKEN" not in worker.env
+
+
+def test_ascend_mooncake_config():
+    plan = plan_of("ascend-mooncake-tp2.yaml")
+    p, d = plan.by_role("prefill")[0], plan.by_role("decode")[0]
+    assert (
+        p.env["ASCEND_RT_VISIBLE_DEVICES"] == "0,1" and d.env["ASCEND_RT_VISIBLE_DEVICES"] == "2,3"
+    )
+    cp, cd = kv_config(p), kv_config(d)
+    assert (cp["kv_role"], cp["kv_port"], cp["engine_id"]) == ("kv_producer", "20001", "0")
+    assert (cd["kv_role"], cd["kv_port"], cd["engine_id"]) == ("kv_consumer", "20002", "1")
+    assert cp["kv_connector_extra_config"]["prefill"] == {"dp_size": 1, "tp_size": 2}
+    assert sorted(x.port for x in p.ports) == [8107, 20001, 20002]
+    assert "VLLM_NIXL_SIDE_CHANNEL_PORT" not in p.env
+
+
+def test_render_is_deterministic_and_quoted():
+    plan = plan_of("gb200-xpyd.yaml")
+    a = [(f.name, f.content) for f in render_plan(plan)]
+    b = [(f.name, f.content) for f in render_plan(plan_of("gb200-xpyd.yaml"))]
+    assert a == b
+    decode = dict(a)["decode-0-node0.sh"]
+    assert '\'--compilation-config={"cudagraph_mode":"FULL_DECODE_ONLY"}\'' in decode
+
+
+def test_overrides_precedence():
+    topo, _ = load_text(
+        """
+deployment: t
+model: {name: m}
+defaults: {env: {A: d, B: d}, ssh: {user: u1}, work_dir: /w}
+hosts:
+  h1: {env: {B: h}, ssh: {user: u2, port: 2222}}
+prefill: [{host: h1, device: cuda, env: {C: i}}]
+decode: [{host: h2, device: cuda, work_dir: /x, ssh: {user: u3}}]
+router: {host: h3}
+""",
+        "t.yaml",
+    )
+    plan = build_plan(topo)
+    p, d = plan.by_role("prefill")[0], plan.by_role("decode")[0]
+    assert (p.env["A"], p.env["B"], p.env["C"]) == ("d", "h", "i")
+    assert (p.ssh.user, p.ssh.port) == ("u2", 2222)
+    assert d.ssh.user == "u3" and d.work_dir == "/x/t" and p.work_dir == "/w/t"
+    assert not p.local
