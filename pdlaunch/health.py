@@ -1,0 +1,200 @@
+"""HTTP from the control host: health probes, Prometheus metrics, and the canary request that
+proves a deployment serves *disaggregated*.
+
+Only the standard library (urllib), with proxies disabled: health URLs are cluster-internal
+addresses that an ``http_proxy`` in the operator's shell must not capture.
+
+How the canary decides "disaggregated" (vLLM >= 0.11 exposes the signal on ``/metrics``):
+``vllm:prompt_tokens_by_source_total{source=...}`` counts every prompt token an engine
+processed by where its KV came from: ``local_compute`` (computed here), ``local_cache_hit``
+(prefix cache) or ``external_kv_transfer`` (pulled from another engine through the KV
+connector; see vllm/v1/metrics/stats.py ``PromptTokenStats``). One completion with a fresh
+prompt through the router must make the prefill side's ``local_compute`` grow (prefill saw the
+prompt) and the decode side's ``external_kv_transfer`` grow (decode loaded the prompt's KV
+instead of recomputing it). A router that skipped prefill, or a connector that fell back to
+recompute, leaves ``external_kv_transfer`` unchanged and the canary fails.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass(frozen=True)
+class Probe:
+    ok: bool
+    status: int | None = None
+    error: str | None = None
+
+    def describe(self) -> str:
+        if self.ok:
+            return "healthy"
+        if self.status is not None:
+            return f"HTTP {self.status}"
+        return self.error or "no answer"
+
+
+def probe(url: str, timeout: float = 2.0) -> Probe:
+    """GET ``url``; healthy means HTTP 200."""
+    try:
+        with _OPENER.open(urllib.request.Request(url, method="GET"), timeout=timeout) as resp:
+            resp.read(4096)
+            return Probe(resp.status == 200, resp.status)
+    except urllib.error.HTTPError as exc:
+        return Probe(False, exc.code)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return Probe(False, None, str(reason) or type(exc).__name__)
+
+
+def get_text(url: str, timeout: float = 5.0) -> str:
+    with _OPENER.open(url, timeout=timeout) as resp:
+        return resp.read().decode("utf-8", errors="replace")
+
+
+def post_json(url: str, body: dict, timeout: float = 60.0) -> tuple[int, dict | str]:
+    """POST JSON; returns (status, parsed JSON or raw text). Raises OSError on no answer."""
+    data = json.dumps(body).encode()
+    req = urllib.request.Request(
+        url, data=data, method="POST", headers={"Content-Type": "application/json"}
+    )
+    try:
+        with _OPENER.open(req, timeout=timeout) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+# -- Prometheus text ------------------------------------------------------------------------------
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of every sample of ``name`` whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m or m.group(1) != name:
+            continue
+        have = dict(_LABEL.findall(m.group(3) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            try:
+                total += float(m.group(4))
+            except ValueError:
+                continue
+    return total
+
+
+def base_url(health_url: str) -> str:
+    return health_url.rsplit("/", 1)[0]
+
+
+def tokens_by_source(health_urls: Iterable[str], source: str, timeout: float = 5.0) -> float:
+    """Sum of ``prompt_tokens_by_source_total{source=...}`` over the engines' /metrics."""
+    return sum(
+        metric_sum(get_text(base_url(u) + "/metrics", timeout), PROMPT_TOKENS_BY_SOURCE,
+                   source=source)
+        for u in health_urls
+    )
+
+
+# -- the canary -----------------------------------------------------------------------------------
+@dataclass
+class CanaryResult:
+    ok: bool
+    message: str
+    details: dict[str, object] = field(default_factory=dict)
+
+
+def canary(
+    router_url: str,
+    model: str,
+    prefill_health: list[str],
+    decode_health: list[str],
+    *,
+    timeout: float = 60.0,
+    settle: float = 5.0,
+) -> CanaryResult:
+    """Send one small completion through the router; check the metrics moved as a disaggregated
+    request moves them (see the module docstring). ``settle``: how long to wait for the
+    counters, which vLLM may update just after the response is sent."""
+    try:
+        p0 = tokens_by_source(prefill_health, "local_compute")
+        d0 = tokens_by_source(decode_health, "external_kv_transfer")
+    except OSError as exc:
+        return CanaryResult(False, f"cannot read engine /metrics before the canary: {exc}")
+    # A fresh prefix (no prefix-cache hit) long enough to span several KV blocks.
+    nonce = uuid.uuid4().hex[:12]
+    prompt = f"pdlaunch canary {nonce}: " + " ".join(
+        f"word{i} is followed by word{i + 1}." for i in range(24)
+    )
+    body = {"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0}
+    t0 = time.monotonic()
+    try:
+        status, resp = post_json(router_url.rstrip("/") + "/v1/completions", body, timeout)
+    except OSError as exc:
+        return CanaryResult(False, f"canary request to {router_url} failed: {exc}")
+    latency = time.monotonic() - t0
+    if status != 200 or not isinstance(resp, dict) or not resp.get("choices"):
+        return CanaryResult(
+            False,
+            f"canary request to {router_url}/v1/completions answered HTTP {status}: "
+            f"{str(resp)[:300]}",
+        )
+    deadline = time.monotonic() + settle
+    while True:
+        try:
+            p1 = tokens_by_source(prefill_health, "local_compute")
+            d1 = tokens_by_source(decode_health, "external_kv_transfer")
+        except OSError as exc:
+            return CanaryResult(False, f"cannot read engine /metrics after the canary: {exc}")
+        if (p1 > p0 and d1 > d0) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    details = {
+        "latency_s": round(latency, 3),
+        "prefill_local_compute_tokens": p1 - p0,
+        "decode_external_kv_transfer_tokens": d1 - d0,
+        "usage": resp.get("usage"),
+    }
+    if d1 <= d0:
+        return CanaryResult(
+            False,
+            "canary was served but not disaggregated: decode's "
+            f'{PROMPT_TOKENS_BY_SOURCE}{{source="external_kv_transfer"}} did not grow '
+            "(decode recomputed the prompt instead of loading prefill's KV: check the router "
+            "is in P/D mode and the KV connector handshake in the decode log)",
+            details,
+        )
+    if p1 <= p0:
+        return CanaryResult(
+            False,
+            "canary was served but prefill computed nothing: "
+            f'{PROMPT_TOKENS_BY_SOURCE}{{source="local_compute"}} on prefill did not grow',
+            details,
+        )
+    return CanaryResult(
+        True,
+        f"served disaggregated in {latency:.2f}s: prefill computed {p1 - p0:g} prompt tokens, "
+        f"decode loaded {d1 - d0:g} over the KV connector",
+        details,
+    )

@@ -1,0 +1,238 @@
+"""`up`/`down`/`status`/`logs` on the control host itself (LocalHost), with the fake engine
+and router: happy path, idempotence, --replace, faults and rollback, secrets, the lock."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+from pdlaunch.state import DeploymentLock, load_state
+from tests.launch.helpers import SECRET_ENV, cli, procs_under, wait_no_procs
+
+
+def _status_json(target) -> dict:
+    res = cli("status", target, "--json")
+    return json.loads(res.stdout)
+
+
+def test_up_status_logs_idempotent_replace_down(make_deployment, state_dir):
+    dep = make_deployment("happy")
+    res = cli("up", dep.path, "--timeout", "30")
+    assert res.exit_code == 0, res.output
+    assert "happy is up: 3 process(es) healthy" in res.output
+    assert "served disaggregated" in res.output
+    assert f"http://127.0.0.1:{dep.ports['router']}/v1" in res.output
+    state = load_state("happy")
+    assert state is not None and state.status == "up"
+    assert {p.name: p.pid is not None for p in state.processes} == {
+        "prefill-0": True, "decode-0": True, "router": True
+    }
+    assert len(procs_under(dep.work_root)) == 3
+
+    # status (by topology file and by name), table and JSON
+    st = _status_json(dep.path)
+    assert st["healthy"] is True
+    assert [(r["process"], r["alive"], r["health"]) for r in st["processes"]] == [
+        ("prefill-0", True, "healthy"), ("decode-0", True, "healthy"), ("router", True, "healthy")
+    ]
+    assert all(r["uptime_s"] is not None and r["pid"] for r in st["processes"])
+    res = cli("status", "happy")
+    assert res.exit_code == 0 and "decode-0" in res.output
+
+    # logs: the engine's own lines; NAME alone works when one deployment is recorded
+    res = cli("logs", "decode-0", "-n", "50")
+    assert res.exit_code == 0, res.output
+    assert "serving on http://127.0.0.1:" in res.output
+    res = cli("logs", dep.path, "nope")
+    assert res.exit_code == 1 and "no process 'nope'" in res.output
+
+    # unchanged and healthy: nothing to do, same pids
+    res = cli("up", dep.path)
+    assert res.exit_code == 0, res.output
+    assert "already up and unchanged" in res.output
+    assert [p.pid for p in load_state("happy").processes] == [p.pid for p in state.processes]
+
+    # changed: say what, refuse without --replace
+    dep.spec["router"]["policy"] = "random"
+    dep.write()
+    res = cli("up", dep.path)
+    assert res.exit_code == 1
+    assert "--replace" in res.output and "router:" in res.output
+    assert "round_robin" in res.output and "random" in res.output
+    assert "nothing was started" in res.output
+    assert [p.pid for p in load_state("happy").processes] == [p.pid for p in state.processes]
+    res = cli("up", dep.path, "--replace", "--timeout", "30")
+    assert res.exit_code == 0, res.output
+    new = load_state("happy")
+    assert all(a.pid != b.pid for a, b in zip(new.processes, state.processes, strict=True))
+    assert len(procs_under(dep.work_root)) == 3
+
+    # down: everything stops, state goes; again: nothing to do
+    res = cli("down", dep.path, "--grace", "5")
+    assert res.exit_code == 0, res.output
+    assert "happy is down (3 process(es) stopped)" in res.output
+    assert wait_no_procs(dep.work_root) == []
+    assert load_state("happy") is None
+    res = cli("down", dep.path)
+    assert res.exit_code == 0 and "nothing to stop" in res.output
+    res = cli("status", dep.path)
+    assert res.exit_code == 1 and "not running" in res.output
+
+
+def test_process_exits_at_start_rolls_back(make_deployment):
+    dep = make_deployment("exits", decode_env={"FAKE_VLLM_MODE": "exit"},
+                          prefill_env={"FAKE_VLLM_DELAY": "0.3"})
+    res = cli("up", dep.path, "--timeout", "30")
+    assert res.exit_code == 1
+    assert "decode-0 on 127.0.0.1: exited during start" in res.output
+    assert "simulated engine failure at start" in res.output  # last log lines shown
+    assert "rolled back" in res.output
+    assert wait_no_procs(dep.work_root) == []
+    assert load_state("exits") is None
+    # down after a failed up: fine, nothing to do
+    res = cli("down", dep.path)
+    assert res.exit_code == 0 and "nothing to stop" in res.output
+
+
+def test_health_never_comes_rolls_back(make_deployment):
+    dep = make_deployment("hangs", prefill_env={"FAKE_VLLM_MODE": "hang"})
+    t0 = time.monotonic()
+    res = cli("up", dep.path, "--timeout", "2", "--grace", "2")
+    assert res.exit_code == 1
+    assert time.monotonic() - t0 < 20
+    assert "prefill-0 on 127.0.0.1: not healthy before the deadline" in res.output
+    assert "not listening" in res.output  # the tail of prefill's log
+    assert wait_no_procs(dep.work_root) == []
+    assert load_state("hangs") is None
+
+
+def test_unhealthy_router_and_router_exit(make_deployment):
+    dep = make_deployment("rexit", router_env={"FAKE_ROUTER_MODE": "exit"})
+    res = cli("up", dep.path, "--timeout", "30")
+    assert res.exit_code == 1
+    assert "router on 127.0.0.1: exited during start" in res.output
+    assert "simulated router failure" in res.output
+    assert wait_no_procs(dep.work_root) == []
+
+
+def test_canary_catches_non_disaggregated_serving(make_deployment):
+    dep = make_deployment("bypass", router_env={"FAKE_ROUTER_MODE": "bypass"})
+    res = cli("up", dep.path, "--timeout", "30")
+    assert res.exit_code == 1
+    assert "canary failed" in res.output and "not disaggregated" in res.output
+    assert 'source="external_kv_transfer"' in res.output
+    assert wait_no_procs(dep.work_root) == []
+    # the same deployment without the canary comes up
+    res = cli("up", dep.path, "--no-canary", "--timeout", "30", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["ok"] and data["canary"] is None
+    assert cli("down", "bypass").exit_code == 0
+    assert wait_no_procs(dep.work_root) == []
+
+
+def test_killed_process_shows_dead_in_status(make_deployment):
+    dep = make_deployment("killed")
+    assert cli("up", dep.path, "--no-canary", "--timeout", "30").exit_code == 0
+    decode = load_state("killed").process("decode-0")
+    os.killpg(decode.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while decode.pid in procs_under(dep.work_root) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    res = cli("status", dep.path, "--json")
+    assert res.exit_code == 1
+    rows = {r["process"]: r for r in json.loads(res.stdout)["processes"]}
+    assert rows["decode-0"]["alive"] is False and rows["decode-0"]["health"] != "healthy"
+    assert rows["prefill-0"]["alive"] is True and rows["router"]["alive"] is True
+    res = cli("status", dep.path)
+    assert res.exit_code == 1 and "no" in res.output
+    # up refuses to paper over it; down cleans up the rest
+    res = cli("up", dep.path)
+    assert res.exit_code == 1 and "not running: decode-0" in res.output
+    assert cli("down", dep.path).exit_code == 0
+    assert wait_no_procs(dep.work_root) == []
+
+
+def test_secret_reaches_process_and_leaks_nowhere(make_deployment, monkeypatch, tmp_path):
+    secret = "s3cr3t-" + os.urandom(8).hex()
+    monkeypatch.setenv(SECRET_ENV, secret)
+    dep = make_deployment(
+        "secret",
+        env={"HF_TOKEN": "${env:" + SECRET_ENV + "}", "FAKE_VLLM_REQUIRE_ENV": "HF_TOKEN"},
+    )
+    res = cli("up", dep.path, "--timeout", "30")
+    assert res.exit_code == 0, res.output  # the fake engine exits 4 without HF_TOKEN
+    outputs = [res.output]
+    outputs.append(cli("status", dep.path, "--json").output)
+    outputs.append(cli("logs", dep.path, "prefill-0").output)
+    assert "required variable HF_TOKEN is set" in outputs[-1]
+    for name in ("prefill-0", "decode-0"):
+        f = dep.work_dir / "run" / f"{name}.secrets.env"
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600
+        assert secret in f.read_text()  # the only place it may be
+    outputs.append(cli("down", dep.path).output)
+    assert not list((dep.work_dir / "run").glob("*.secrets.env"))  # removed by down
+    assert all(secret not in o for o in outputs)
+    for f in tmp_path.rglob("*"):  # scripts, logs, pid files, state, topology
+        if f.is_file():
+            assert secret.encode() not in f.read_bytes(), f
+
+
+def test_missing_secret_is_refused_before_anything_starts(make_deployment, monkeypatch):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    dep = make_deployment("nosecret", decode_env={"HF_TOKEN": "${env:" + SECRET_ENV + "}"})
+    res = cli("up", dep.path)
+    assert res.exit_code == 1
+    assert f"secret(s) not set in this shell: {SECRET_ENV} (for decode-0)" in res.output
+    assert "nothing was started" in res.output
+    assert not dep.work_root.exists()
+    assert load_state("nosecret") is None
+
+
+def test_concurrent_up_is_refused(make_deployment):
+    dep = make_deployment("locked")
+    with DeploymentLock("locked", "up"):
+        res = cli("up", dep.path)
+        assert res.exit_code == 1
+        assert "locked by another pdlaunch run" in res.output
+        res = cli("down", dep.path)
+        assert res.exit_code == 1 and "locked" in res.output
+    assert procs_under(dep.work_root) == []
+
+
+def test_second_up_process_refused_and_down_after_killed_up(make_deployment, state_dir):
+    """A real second process: `up` #1 is waiting for a slow engine; `up` #2 is refused.
+    Then `up` #1 is killed hard (no rollback): the state it wrote lets `down` clean up."""
+    dep = make_deployment("crash", prefill_env={"FAKE_VLLM_DELAY": "60"})
+    env = dict(os.environ, PDLAUNCH_STATE_DIR=str(state_dir))
+    first = subprocess.Popen(
+        [sys.executable, "-c", "from pdlaunch.cli_launch import main; main()",
+         "up", str(dep.path), "--timeout", "120"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            st = load_state("crash")
+            if st is not None and all(p.pid for p in st.processes if p.role != "router"):
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("first up never recorded its processes")
+        res = cli("up", dep.path)
+        assert res.exit_code == 1 and "locked by another pdlaunch run" in res.output
+    finally:
+        first.kill()
+        first.wait()
+    assert len(procs_under(dep.work_root)) == 2  # orphans of the killed `up`
+    res = cli("status", dep.path, "--json")
+    assert json.loads(res.stdout)["status"] == "starting"
+    res = cli("down", dep.path, "--grace", "2")
+    assert res.exit_code == 0, res.output
+    assert "2 process(es) stopped" in res.output
+    assert wait_no_procs(dep.work_root) == []
