@@ -1,0 +1,99 @@
+"""Hosts layer: the only code in pdlaunch that runs commands (locally or over SSH).
+
+    host = open_host("gpu-node-1", ssh=SshSettings(user="ubuntu", key_file="~/.ssh/id_ed25519"))
+    host.put(script_text, "~/pdlaunch/run-prefill.sh", mode=0o755)
+    pid = host.start_detached("~/pdlaunch/run-prefill.sh", pid_file="~/pdlaunch/prefill.pid",
+                              log_file="~/pdlaunch/prefill.log")
+    t0 = host.process_start_time(pid)         # store with the pid: guards against pid reuse
+    host.is_alive(pid, t0); host.read_log("~/pdlaunch/prefill.log", 50)
+    host.stop(pid, grace=10, start_time=t0)   # TERM the group, wait, KILL
+    host.close()
+
+All failures a user can cause (unreachable host, auth, host keys, failed command with
+``check=True``) raise :class:`HostError` subclasses whose ``str()`` is a complete message.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+from .base import (
+    CommandError,
+    CommandResult,
+    CommandTimeout,
+    Content,
+    Host,
+    HostAuthError,
+    HostConnectionError,
+    HostError,
+    HostKeyError,
+    sh_quote_path,
+)
+from .local import LocalHost
+from .ssh import SshHost, SshSettings, fingerprint
+
+__all__ = [
+    "LOCAL_ADDRESSES",
+    "CommandError",
+    "CommandResult",
+    "CommandTimeout",
+    "Content",
+    "Host",
+    "HostAuthError",
+    "HostConnectionError",
+    "HostError",
+    "HostKeyError",
+    "LocalHost",
+    "SshHost",
+    "SshSettings",
+    "fingerprint",
+    "is_local_address",
+    "open_host",
+    "sh_quote_path",
+]
+
+LOCAL_ADDRESSES = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def is_local_address(address: str) -> bool:
+    """True for the addresses that mean "this machine" (served by LocalHost, no SSH)."""
+    return address.strip().strip("[]").lower() in LOCAL_ADDRESSES
+
+
+def open_host(
+    address: str,
+    *,
+    ssh: SshSettings | None = None,
+    force_ssh: bool = False,
+    accept_new_host_keys: bool = False,
+    known_hosts: str | os.PathLike | None = None,
+    connect_timeout: float | None = None,
+    ssh_config_file: str | os.PathLike | None = None,
+    connect: bool = True,
+) -> Host:
+    """A Host for ``address`` (as written in the topology).
+
+    127.0.0.1 / localhost / ::1 give a LocalHost unless ``force_ssh``. Otherwise an SshHost,
+    connected right away when ``connect`` (so unreachable hosts, auth and host-key problems
+    raise HostConnectionError/HostAuthError/HostKeyError here). ``known_hosts``: an extra
+    known_hosts file, loaded in addition to the system and user ones and, with
+    ``accept_new_host_keys``, the one new keys are recorded in (default: ~/.ssh/known_hosts or
+    ssh_config's UserKnownHostsFile). ``connect_timeout`` overrides ``ssh.connect_timeout``.
+    ``ssh_config_file`` replaces ~/.ssh/config and /etc/ssh/ssh_config (like ``ssh -F``).
+    """
+    if not force_ssh and is_local_address(address):
+        return LocalHost(address)
+    settings = ssh or SshSettings()
+    if connect_timeout is not None:
+        settings = replace(settings, connect_timeout=connect_timeout)
+    host = SshHost(
+        address,
+        settings,
+        accept_new_host_keys=accept_new_host_keys,
+        known_hosts=known_hosts,
+        ssh_config_file=ssh_config_file,
+    )
+    if connect:
+        host.connect()
+    return host

@@ -1,0 +1,421 @@
+"""The host interface: the only code in pdlaunch that runs commands.
+
+Everything a host can do is built on two primitives each implementation provides:
+``_exec`` (run one ``sh`` command to completion, optional stdin bytes, optional timeout) and
+``_open_stream`` (run one command and read its stdout incrementally). Process management
+(detached start, group stop, liveness, logs) is written once, as small POSIX ``sh`` scripts
+that read ``/proc`` — so the local and the SSH implementation run the very same scripts and
+targets need nothing beyond ``sh``, coreutils and util-linux's ``setsid`` (Linux only).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shlex
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+log = logging.getLogger("pdlaunch.hosts")
+
+Content = bytes | str | os.PathLike
+"""What :meth:`Host.put` uploads: ``bytes``/``str`` are the file content; a path-like object
+(``pathlib.Path``) names a local file whose content is uploaded. A plain ``str`` is always
+content, never a path."""
+
+
+# -- results and errors --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CommandResult:
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+class HostError(Exception):
+    """A user-facing failure on a host; ``str(err)`` is the whole message (no traceback needed).
+
+    ``host`` is the host's name (address as written in the topology) when known.
+    """
+
+    def __init__(self, message: str, *, host: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.host = host
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class HostConnectionError(HostError):
+    """Could not reach or log in to the host (refused, timeout, DNS, jump host, ...)."""
+
+
+class HostAuthError(HostConnectionError):
+    """The server rejected every key / credential offered."""
+
+
+class HostKeyError(HostConnectionError):
+    """The server's host key is unknown (and not accepted) or has CHANGED."""
+
+    def __init__(self, message: str, *, host: str | None = None, changed: bool = False):
+        super().__init__(message, host=host)
+        self.changed = changed
+
+
+class CommandError(HostError):
+    """``run(..., check=True)`` returned non-zero; ``result`` has the details."""
+
+    def __init__(self, message: str, *, host: str | None = None, result: CommandResult):
+        super().__init__(message, host=host)
+        self.result = result
+
+
+class CommandTimeout(HostError):
+    """A command ran past its timeout (and was killed)."""
+
+
+# -- shell helpers -------------------------------------------------------------------------------
+def sh_quote_path(path: str) -> str:
+    """Quote ``path`` for sh, expanding a leading ``~`` / ``~/`` to the target's ``$HOME``."""
+    path = os.fspath(path)
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+def _check_pid(pid: int) -> int:
+    pid = int(pid)
+    if pid <= 1:
+        # kill -- -1 / -0 would hit every process we may signal: never allow it.
+        raise ValueError(f"refusing to act on pid {pid}")
+    return pid
+
+
+# Shell functions shared by the process-management scripts. ``/proc/PID/stat``: after the last
+# ')' come field 3 (state), 4 (ppid), 5 (pgrp), ..., 22 (starttime) -> $1, $2, $3, ..., ${20}.
+_SH_FUNCS = r"""
+_stat() { { read -r _l < "/proc/$1/stat"; } 2>/dev/null || return 1; set -- ${_l##*)}; echo "$*"; }
+_alive() {  # $1=pid: running (not zombie/dead)
+    _s=$(_stat "$1") || return 1; set -- $_s
+    case $1 in Z|X|x) return 1;; esac; return 0; }
+_group() {  # print live members of process group $PGID
+    cat /proc/[0-9]*/stat 2>/dev/null | awk -v pg="$PGID" '{
+        s = $0; sub(/.*\) /, "", s); split(s, f, " ")
+        if (f[3] == pg && f[1] !~ /^[ZXx]/) print $1 }'; }
+"""
+
+_START_SCRIPT = r"""
+pidf={pid_file}; logf={log_file}
+case $pidf in /*) ;; *) pidf=$PWD/$pidf;; esac
+case $logf in /*) ;; *) logf=$PWD/$logf;; esac
+mkdir -p -- "$(dirname -- "$pidf")" "$(dirname -- "$logf")" || exit 97
+rm -f -- "$pidf"
+{cd}
+command -v setsid >/dev/null 2>&1 || {{ echo "setsid not found (util-linux)" >&2; exit 97; }}
+setsid -f sh -c 'echo $$ > "$1.tmp" && mv -f -- "$1.tmp" "$1" && exec sh -c "$2"' \
+    pdlaunch-detached "$pidf" {command} </dev/null >>"$logf" 2>&1 || exit 97
+i=0
+while [ ! -s "$pidf" ]; do
+    i=$((i+1)); [ $i -gt 200 ] && {{ echo "pid file $pidf was not written" >&2; exit 97; }}
+    sleep 0.05
+done
+cat -- "$pidf"
+"""
+
+_STOP_SCRIPT = r"""
+PID={pid}; PGID={pid}; START={start}; GRACE_CS={grace_cs}
+_now() {{  # centiseconds since boot
+    read -r _u _ < /proc/uptime; _s=${{_u%.*}}; _c=${{_u#*.}}; echo $((_s * 100 + 1$_c - 100)); }}
+mode=group
+if s=$(_stat $PID); then
+    set -- $s
+    if [ -n "$START" ] && [ "${{20}}" != "$START" ]; then echo reused; exit 0; fi
+    [ "$3" = "$PID" ] || mode=pid
+fi
+alive() {{ if [ $mode = group ]; then [ -n "$(_group)" ]; else _alive $PID; fi; }}
+sig() {{ if [ $mode = group ]; then kill -s $1 -- -$PGID; else kill -s $1 $PID; fi; }} 2>/dev/null
+alive || {{ echo none; exit 0; }}
+sig TERM
+end=$(( $(_now) + GRACE_CS ))
+while alive; do
+    [ "$(_now)" -ge $end ] && break
+    sleep 0.1
+done
+alive || {{ echo term; exit 0; }}
+sig KILL
+end=$(( $(_now) + 1000 ))
+while alive; do
+    if [ "$(_now)" -ge $end ]; then
+        echo "still alive after SIGKILL: $(_group | tr '\n' ' ')" >&2; exit 3
+    fi
+    sleep 0.05
+done
+echo kill
+"""
+
+
+class Stream(Protocol):
+    """Incremental stdout of one running command (see ``Host._open_stream``)."""
+
+    pid: int | None  # the remote/local pid of the command, once known (set by the reader)
+
+    def read(self, timeout: float) -> bytes | None:
+        """Next chunk; ``b""`` when nothing arrived within ``timeout``; ``None`` at EOF."""
+
+    def close(self) -> None:
+        """Stop the command (kill it) and release the channel/pipe; idempotent."""
+
+
+# -- the interface -------------------------------------------------------------------------------
+class Host(ABC):
+    """A machine pdlaunch runs commands on. Safe to use from several threads."""
+
+    name: str  # the address as written in the topology
+
+    def __init__(self, name: str):
+        self.name = name
+        self._streams: set[Stream] = set()
+        self._streams_lock = threading.Lock()
+
+    # primitives --------------------------------------------------------------------------------
+    @abstractmethod
+    def _exec(
+        self, command: str, *, stdin: bytes | None = None, timeout: float | None = None
+    ) -> CommandResult:
+        """Run ``command`` with ``/bin/sh -c`` on the host; stdin is ``stdin`` (or empty).
+
+        Raises CommandTimeout (after killing the command) or HostError on transport failure.
+        """
+
+    @abstractmethod
+    def _open_stream(self, command: str) -> Stream:
+        """Start ``command`` (``sh -c``) and return a reader for its stdout."""
+
+    def close(self) -> None:
+        """Stop log followers and release connections. The object may be used again later
+        (an SSH host then reconnects)."""
+        with self._streams_lock:
+            streams, self._streams = list(self._streams), set()
+        for s in streams:
+            s.close()
+
+    def __enter__(self) -> Host:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+    # commands ----------------------------------------------------------------------------------
+    def run(self, command: str, timeout: float | None = None, check: bool = False) -> CommandResult:
+        """Run a shell command (POSIX ``sh -c``; stdin empty) and capture its output.
+
+        ``timeout``: kill it (its whole process group) after that many seconds and raise
+        CommandTimeout. ``check``: raise CommandError when rc != 0.
+        """
+        log.debug("%s: run %s", self.name, command[:200])
+        res = self._exec(command, timeout=timeout)
+        if check and res.rc != 0:
+            tail = (res.stderr.strip() or res.stdout.strip())[-800:]
+            raise CommandError(
+                f"{self.name}: command failed (rc={res.rc}): {_short(command)}"
+                + (f"\n{tail}" if tail else ""),
+                host=self.name,
+                result=res,
+            )
+        return res
+
+    def put(self, source: Content, remote_path: str, mode: int = 0o644) -> None:
+        """Write a file on the host atomically (temp file + rename), creating parent dirs.
+
+        ``source``: ``bytes``/``str`` content, or a path-like naming a local file. The file is
+        created ``0600`` and only then ``chmod``-ed to ``mode``, so a secret uploaded with
+        ``mode=0o600`` is never readable by others, whatever the umask.
+        """
+        data = _content_bytes(source)
+        q = sh_quote_path(remote_path)
+        script = f"""
+p={q}; d=$(dirname -- "$p")
+mkdir -p -- "$d" || exit 1
+if [ -d "$p" ]; then echo "$p is a directory" >&2; exit 1; fi
+t=$(umask 077 && mktemp "$d/.pdlaunch-put.XXXXXX") || exit 1
+if cat > "$t" && chmod {mode:o} "$t" && mv -f -- "$t" "$p"; then exit 0; fi
+rm -f -- "$t"; exit 1
+"""
+        res = self._exec(script, stdin=data, timeout=None)
+        if res.rc != 0:
+            raise HostError(
+                f"{self.name}: cannot write {remote_path}: {res.stderr.strip() or 'failed'}",
+                host=self.name,
+            )
+
+    # detached processes ------------------------------------------------------------------------
+    def start_detached(
+        self,
+        command: str | Sequence[str],
+        *,
+        pid_file: str,
+        log_file: str,
+        cwd: str | None = None,
+    ) -> int:
+        """Start a long-running process that outlives this call (and the SSH connection).
+
+        ``command``: a shell script/command line (run by ``sh -c``) or an argv list. The process
+        leads a new session and process group (``setsid``; its pid is the pgid), stdin is
+        ``/dev/null``, stdout+stderr are appended to ``log_file``, and its pid is written to
+        ``pid_file`` (atomically, before the command starts). Relative paths are relative to the
+        login directory (home); ``~/`` is expanded. Returns the pid.
+        """
+        cmd = command if isinstance(command, str) else shlex.join(command)
+        cd = ""
+        if cwd is not None:
+            cd = f"cd -- {sh_quote_path(cwd)} || exit 97"
+        script = _START_SCRIPT.format(
+            pid_file=sh_quote_path(pid_file),
+            log_file=sh_quote_path(log_file),
+            cd=cd,
+            command=shlex.quote(cmd),
+        )
+        res = self._exec(script, timeout=60)
+        out = res.stdout.strip()
+        if res.rc != 0 or not out.isdigit():
+            raise HostError(
+                f"{self.name}: cannot start {_short(cmd)}: "
+                f"{res.stderr.strip() or out or f'rc={res.rc}'}",
+                host=self.name,
+            )
+        pid = int(out)
+        log.debug("%s: started pid %d: %s", self.name, pid, cmd[:200])
+        return pid
+
+    def stop(self, pid: int, *, grace: float = 10.0, start_time: int | None = None) -> bool:
+        """Stop the process group led by ``pid``: SIGTERM, wait up to ``grace`` s, SIGKILL.
+
+        Idempotent: returns ``False`` when nothing was running (or ``pid`` now belongs to an
+        unrelated process, detected by ``start_time`` from :meth:`process_start_time`),
+        ``True`` when something was stopped. If ``pid`` is alive but not a group leader, only
+        that process is signalled. Raises HostError if the group survives SIGKILL.
+        """
+        pid = _check_pid(pid)
+        script = _SH_FUNCS + _STOP_SCRIPT.format(
+            pid=pid,
+            start="" if start_time is None else int(start_time),
+            grace_cs=max(0, math.ceil(grace * 100)),
+        )
+        res = self._exec(script, timeout=grace + 60)
+        out = res.stdout.strip()
+        if res.rc != 0 or out not in ("none", "reused", "term", "kill"):
+            raise HostError(
+                f"{self.name}: cannot stop pid {pid}: {res.stderr.strip() or out or res.rc}",
+                host=self.name,
+            )
+        log.debug("%s: stop %d -> %s", self.name, pid, out)
+        return out in ("term", "kill")
+
+    def process_start_time(self, pid: int) -> int | None:
+        """Start time of a live process (``/proc/PID/stat`` field 22, clock ticks since boot);
+        ``None`` if it is not running. Record it with the pid to guard against pid reuse."""
+        st = self._proc_stat(pid)
+        if st is None or st[0] in ("Z", "X", "x"):
+            return None
+        return int(st[19])
+
+    def is_alive(self, pid: int, start_time: int | None = None) -> bool:
+        """True if ``pid`` is running (zombies count as dead) and, when ``start_time`` is
+        given, is still the same process (not a reused pid)."""
+        st = self._proc_stat(pid)
+        if st is None or st[0] in ("Z", "X", "x"):
+            return False
+        return start_time is None or int(st[19]) == int(start_time)
+
+    def group_pids(self, pgid: int) -> list[int]:
+        """Live (non-zombie) members of process group ``pgid``."""
+        pgid = _check_pid(pgid)
+        res = self._exec(_SH_FUNCS + f"PGID={pgid}; _group", timeout=60)
+        return sorted(int(x) for x in res.stdout.split() if x.isdigit())
+
+    def _proc_stat(self, pid: int) -> list[str] | None:
+        """Fields 3.. of /proc/PID/stat (index 0 = state), or None if no such process."""
+        pid = _check_pid(pid)
+        res = self._exec(_SH_FUNCS + f"_stat {pid} || true", timeout=60)
+        fields = res.stdout.split()
+        return fields if len(fields) >= 20 else None
+
+    # logs ---------------------------------------------------------------------------------------
+    def read_log(self, path: str, lines: int = 50) -> str:
+        """The last ``lines`` lines of a file (``""`` if it does not exist)."""
+        q = sh_quote_path(path)
+        res = self._exec(f"[ -e {q} ] || exit 0; tail -n {int(lines)} -- {q}", timeout=60)
+        if res.rc != 0:
+            raise HostError(
+                f"{self.name}: cannot read {path}: {res.stderr.strip()}", host=self.name
+            )
+        return res.stdout
+
+    def follow_log(
+        self,
+        path: str,
+        *,
+        lines: int = 10,
+        stop: threading.Event | None = None,
+        poll_interval: float = 0.2,
+    ) -> Iterator[str]:
+        """Yield the last ``lines`` lines of ``path`` and then each new line, like ``tail -F``
+        (waits for the file to appear, follows rotation). Lines have no trailing newline.
+
+        Stops when the consumer stops iterating (``break`` / ``gen.close()``), when ``stop`` is
+        set (checked every ``poll_interval`` s), or when the host is closed; the remote
+        ``tail`` is killed then.
+        """
+        cmd = f"echo $$; exec tail -n {int(lines)} -F -- {sh_quote_path(path)} 2>/dev/null"
+        stream = self._open_stream(cmd)
+        with self._streams_lock:
+            self._streams.add(stream)
+        buf = b""
+        try:
+            while stop is None or not stop.is_set():
+                chunk = stream.read(poll_interval)
+                if chunk is None:
+                    break
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if stream.pid is None:
+                        stream.pid = int(line) if line.strip().isdigit() else 0
+                        continue
+                    yield line.decode("utf-8", errors="replace")
+            if buf and stream.pid is not None:
+                yield buf.decode("utf-8", errors="replace")
+        finally:
+            with self._streams_lock:
+                self._streams.discard(stream)
+            stream.close()
+
+
+def _short(cmd: str, n: int = 120) -> str:
+    cmd = " ".join(cmd.split())
+    return cmd if len(cmd) <= n else cmd[: n - 3] + "..."
+
+
+def _content_bytes(source: Content) -> bytes:
+    if isinstance(source, bytes):
+        return source
+    if isinstance(source, str):
+        return source.encode("utf-8")
+    if isinstance(source, os.PathLike):
+        with open(source, "rb") as f:
+            return f.read()
+    raise TypeError(f"put() takes bytes, str content or a path-like, not {type(source).__name__}")

@@ -1,0 +1,163 @@
+"""LocalHost: the control host itself (127.0.0.1 / localhost / ::1), via subprocess."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+
+from .base import (
+    CommandResult,
+    CommandTimeout,
+    Content,
+    Host,
+    HostError,
+    _check_pid,
+    _content_bytes,
+)
+
+SHELL = "/bin/sh"
+
+
+def _home() -> str:
+    return os.path.expanduser("~")
+
+
+class LocalHost(Host):
+    """Runs everything with subprocess on this machine.
+
+    Like a login over SSH, commands run in the home directory and relative paths are relative to
+    it, so a topology behaves the same whether a host is local or remote.
+    """
+
+    def __init__(self, name: str = "localhost"):
+        super().__init__(name)
+
+    def _exec(
+        self, command: str, *, stdin: bytes | None = None, timeout: float | None = None
+    ) -> CommandResult:
+        try:
+            proc = subprocess.Popen(
+                [SHELL, "-c", command],
+                stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=_home(),
+                start_new_session=True,  # so a timeout can kill the whole tree
+            )
+        except OSError as e:
+            raise HostError(f"{self.name}: cannot run {SHELL}: {e}", host=self.name) from e
+        try:
+            out, err = proc.communicate(stdin, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.communicate(timeout=5)
+            raise CommandTimeout(
+                f"{self.name}: command timed out after {timeout:g}s: {command[:120]}",
+                host=self.name,
+            ) from None
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+        return CommandResult(
+            rc=proc.returncode,
+            stdout=out.decode("utf-8", errors="replace"),
+            stderr=err.decode("utf-8", errors="replace"),
+        )
+
+    def _open_stream(self, command: str) -> _LocalStream:
+        proc = subprocess.Popen(
+            [SHELL, "-c", command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=_home(),
+            start_new_session=True,
+        )
+        return _LocalStream(proc)
+
+    # native fast paths ---------------------------------------------------------------------------
+    def put(self, source: Content, remote_path: str, mode: int = 0o644) -> None:
+        data = _content_bytes(source)
+        path = os.path.join(_home(), os.path.expanduser(os.fspath(remote_path)))
+        parent = os.path.dirname(path) or "."
+        tmp = None
+        try:
+            os.makedirs(parent, exist_ok=True)
+            if os.path.isdir(path):
+                raise IsADirectoryError(path)
+            fd, tmp = tempfile.mkstemp(dir=parent, prefix=".pdlaunch-put.")  # created 0600
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                os.fchmod(f.fileno(), mode)
+            os.replace(tmp, path)
+            tmp = None
+        except OSError as e:
+            raise HostError(f"{self.name}: cannot write {remote_path}: {e}", host=self.name) from e
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+
+    def _proc_stat(self, pid: int) -> list[str] | None:
+        pid = _check_pid(pid)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            return None
+        fields = data[data.rfind(b")") + 1 :].decode().split()
+        return fields if len(fields) >= 20 else None
+
+
+class _LocalStream:
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.pid: int | None = None
+        self._fd = proc.stdout.fileno()
+        self._reader: int | None = None
+        self._eof = False
+
+    def read(self, timeout: float) -> bytes | None:
+        self._reader = threading.get_ident()
+        if self._eof:
+            return None
+        try:
+            ready, _, _ = select.select([self._fd], [], [], timeout)
+            if not ready:
+                return b""
+            data = os.read(self._fd, 65536)
+        except (OSError, ValueError):
+            data = b""
+        if not data:
+            self._eof = True
+            return None
+        return data
+
+    def close(self) -> None:
+        """Kill the command; the pipe is closed here only from the reading thread (another
+        thread must not close an fd the reader may be selecting on)."""
+        proc = self.proc
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + 2
+            while proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if self._reader in (None, threading.get_ident()):
+            self._eof = True
+            with contextlib.suppress(OSError):
+                proc.stdout.close()
