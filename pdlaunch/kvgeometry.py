@@ -20,19 +20,27 @@ def kv_layout(inst: Instance) -> str:
     return inst.kv_layout or profile(inst.device).default_layout
 
 
-def agreed_block_size(topo: Topology) -> int:
-    """The GCD of every prefill and decode block size, unless the user fixed it."""
+def _agreed(topo: Topology) -> int:
     if topo.kv_connector.agreed_block_size != "auto":
         return int(topo.kv_connector.agreed_block_size)
     return reduce(gcd, (block_size(x) for _, _, x in topo.instances()))
 
 
+def agreed_block_size(topo: Topology) -> int:
+    """The GCD of every prefill and decode block size, unless the user fixed it."""
+    return topo.derived("agreed_block_size", _agreed)
+
+
 def heterogeneous_blocks(topo: Topology) -> bool:
-    return len({block_size(x) for _, _, x in topo.instances()}) > 1
+    return topo.derived(
+        "hetero_blocks", lambda t: len({block_size(x) for _, _, x in t.instances()}) > 1
+    )
 
 
 def heterogeneous_devices(topo: Topology) -> bool:
-    return len({x.device for _, _, x in topo.instances()}) > 1
+    return topo.derived(
+        "hetero_devices", lambda t: len({x.device for _, _, x in t.instances()}) > 1
+    )
 
 
 @dataclass(frozen=True)
@@ -45,7 +53,7 @@ class PrefillKv:
 
 
 def decode_layouts(topo: Topology) -> set[str]:
-    return {kv_layout(d) for d in topo.decode}
+    return topo.derived("decode_layouts", lambda t: {kv_layout(d) for d in t.decode})
 
 
 def prefill_kv(topo: Topology, inst: Instance) -> PrefillKv:
@@ -68,8 +76,12 @@ def needs_permute(topo: Topology, role: Role, inst: Instance) -> bool:
     """Decode in NHD receiving HND pages permutes locally (vLLM's enable_permute_local_kv)."""
     if role != "decode" or topo.kv_connector.kind != "nixl":
         return False
-    return kv_layout(inst) == "NHD" and any(
-        prefill_kv(topo, p).layout == "HND" for p in topo.prefill
+    return kv_layout(inst) == "NHD" and "HND" in advertised_layouts(topo)
+
+
+def advertised_layouts(topo: Topology) -> set[str]:
+    return topo.derived(
+        "advertised_layouts", lambda t: {prefill_kv(t, p).layout for p in t.prefill}
     )
 
 

@@ -71,6 +71,8 @@ class _Duplicate(Exception):
 
 
 MAX_EXPANDED_NODES = 200_000
+# libyaml when present (10x faster on large topologies); same safe constructors either way.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _expanded_size(node: yaml.Node, sizes: dict[int, int], stack: set[int]) -> int:
@@ -117,7 +119,7 @@ def parse_text(text: str, file: str) -> tuple[Any, Source]:
     source = Source(file)
     try:
         # One document only; aliases/anchors are fine, custom tags are not (SafeLoader).
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=_LOADER)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
@@ -129,7 +131,7 @@ def parse_text(text: str, file: str) -> tuple[Any, Source]:
     try:
         _expanded_size(node, {}, set())
         _walk(node, (), source.lines)
-        data = yaml.SafeLoader("").construct_document(node)
+        data = _LOADER("").construct_document(node)
     except _BadKey as bad:
         raise LoadError([Problem(file, bad.line, "", bad.message)]) from None
     except _Duplicate as dup:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+from functools import lru_cache
 from ipaddress import ip_address
 from typing import Any, Literal
 
@@ -90,6 +91,7 @@ class Plan(Frozen):
         return f"http://{_url_host(r.host)}:{r.ports[0].port}"
 
 
+@lru_cache(maxsize=4096)
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -145,9 +147,18 @@ def _cpu_cores(topo: Topology, node: Node) -> list[int]:
     host, in topology order, so two instances on a small box do not fight."""
     if node.instance.devices is not None:
         return list(node.instance.devices)
-    same_host = [n for n in all_nodes(topo) if n.host == node.host and n.instance.device == "cpu"]
-    start = sum(n.device_count for n in same_host[: same_host.index(node)])
-    return list(range(start, start + node.device_count))
+    return topo.derived("cpu_cores", _default_cpu_cores)[node.name]
+
+
+def _default_cpu_cores(topo: Topology) -> dict[str, list[int]]:
+    next_core: dict[str, int] = {}
+    out = {}
+    for n in all_nodes(topo):
+        if n.instance.device == "cpu":
+            start = next_core.get(n.host, 0)
+            out[n.name] = list(range(start, start + n.device_count))
+            next_core[n.host] = start + n.device_count
+    return out
 
 
 def _cpu_bind(cores: list[int], ranks: int) -> str:

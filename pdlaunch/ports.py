@@ -77,7 +77,9 @@ def nodes_of(role: Role, index: int, inst: Instance) -> list[Node]:
 
 
 def all_nodes(topo: Topology) -> list[Node]:
-    return [n for role, i, inst in topo.instances() for n in nodes_of(role, i, inst)]
+    return topo.derived(
+        "nodes", lambda t: [n for role, i, inst in t.instances() for n in nodes_of(role, i, inst)]
+    )
 
 
 def _side_channel_ports(base: int, node: Node) -> list[int]:
@@ -85,6 +87,10 @@ def _side_channel_ports(base: int, node: Node) -> list[int]:
 
 
 def side_channel_bases(topo: Topology) -> dict[tuple[Role, int], int]:
+    return topo.derived("side_channel_bases", _side_channel_bases)
+
+
+def _side_channel_bases(topo: Topology) -> dict[tuple[Role, int], int]:
     """Pick each instance's NIXL base port so that instances sharing a host never collide.
 
     An explicit `side_channel_port` is kept as written (the rules report a clash); the
@@ -94,6 +100,7 @@ def side_channel_bases(topo: Topology) -> dict[tuple[Role, int], int]:
     taken: dict[str, set[int]] = {}
     bases: dict[tuple[Role, int], int] = {}
     pending = []
+    fixed = _fixed_ports_by_host(topo)
     for role, i, inst in topo.instances():
         if inst.side_channel_port is not None:
             bases[(role, i)] = inst.side_channel_port
@@ -105,7 +112,7 @@ def side_channel_bases(topo: Topology) -> dict[tuple[Role, int], int]:
             pending.append((role, i, inst))
     for role, i, inst in pending:
         nodes = nodes_of(role, i, inst)
-        others = {n.host: _other_ports(topo, n.host) for n in nodes}
+        others = {n.host: fixed.get(n.host, set()) for n in nodes}
         base = topo.kv_connector.side_channel_port
         while any(
             set(_side_channel_ports(base, n)) & (taken.get(n.host, set()) | others[n.host])
@@ -118,17 +125,20 @@ def side_channel_bases(topo: Topology) -> dict[tuple[Role, int], int]:
     return bases
 
 
-def _other_ports(topo: Topology, host: str) -> set[int]:
-    """Ports on `host` that are not NIXL side channels (so auto bases avoid them too)."""
-    out = {topo.router.port} if topo.router.host == host else set()
+def _fixed_ports_by_host(topo: Topology) -> dict[str, set[int]]:
+    """Ports per host that are not NIXL side channels (so auto bases avoid them too)."""
+    out: dict[str, set[int]] = {topo.router.host: {topo.router.port}}
     for n in all_nodes(topo):
-        if n.host == host:
-            out.update(p.port for p in _fixed_ports(topo, n, {}))
+        out.setdefault(n.host, set()).update(p.port for p in _fixed_ports(topo, n, {}))
     return out
 
 
 def mooncake_settings(topo: Topology) -> dict[tuple[Role, int], tuple[int, str]]:
     """kv_port and engine_id per instance (the Ascend guide: 20001/"0" prefill, 20002/"1")."""
+    return topo.derived("mooncake", _mooncake_settings)
+
+
+def _mooncake_settings(topo: Topology) -> dict[tuple[Role, int], tuple[int, str]]:
     mc = topo.kv_connector.mooncake
     out: dict[tuple[Role, int], tuple[int, str]] = {}
     next_port, next_id = mc.kv_port, mc.engine_id_base

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from ipaddress import ip_address
 from typing import Literal
 
@@ -114,6 +115,22 @@ def _arg_lists(topo: Topology) -> Iterator[tuple[FieldPath, list[str]]]:
     yield ("defaults", "extra_args"), topo.defaults.extra_args
     for role, i, inst in topo.instances():
         yield (role, i, "extra_args"), inst.extra_args
+
+
+def _pairs(topo: Topology) -> Iterator[tuple[int, Instance, kv.PrefillKv, int, Instance]]:
+    """One representative prefill/decode pair per distinct geometry: pair rules depend only
+    on block size, layout and TP, so thousands of instances cost a handful of checks."""
+    prefills: dict[object, tuple[int, Instance]] = {}
+    for i, p in enumerate(topo.prefill):
+        key = (kv.prefill_kv(topo, p), kv.block_size(p), kv.kv_layout(p), p.tp)
+        prefills.setdefault(key, (i, p))
+    decodes: dict[object, tuple[int, Instance]] = {}
+    for i, d in enumerate(topo.decode):
+        decodes.setdefault((kv.block_size(d), kv.kv_layout(d), d.tp), (i, d))
+    for pi, p in prefills.values():
+        adv = kv.prefill_kv(topo, p)
+        for di, d in decodes.values():
+            yield pi, p, adv, di, d
 
 
 @rule("managed-flag", "extra_args must not set flags pdlaunch derives", "pdlaunch plan")
@@ -340,18 +357,16 @@ def prefill_postprocess(topo: Topology) -> Iterator[Finding]:
 def block_direction(topo: Topology) -> Iterator[Finding]:
     if topo.kv_connector.kind != "nixl":
         return
-    for pi, p in enumerate(topo.prefill):
-        adv = kv.prefill_kv(topo, p)
-        for di, d in enumerate(topo.decode):
-            if kv.block_size(d) % adv.block_size:
-                yield _err(
-                    "block-direction",
-                    ("decode", di, "block_size"),
-                    f"{_name('decode', di, d)} block {kv.block_size(d)} is not a multiple of "
-                    f"the block {adv.block_size} that {_name('prefill', pi, p)} advertises",
-                    "use block sizes where decode is a multiple of the agreed size",
-                    f"{KV_UTILS}:516 ('Local block size ... is not divisible'); {NIXL}:2727",
-                )
+    for pi, p, adv, di, d in _pairs(topo):
+        if kv.block_size(d) % adv.block_size:
+            yield _err(
+                "block-direction",
+                ("decode", di, "block_size"),
+                f"{_name('decode', di, d)} block {kv.block_size(d)} is not a multiple of "
+                f"the block {adv.block_size} that {_name('prefill', pi, p)} advertises",
+                "use block sizes where decode is a multiple of the agreed size",
+                f"{KV_UTILS}:516 ('Local block size ... is not divisible'); {NIXL}:2727",
+            )
 
 
 @rule(
@@ -362,79 +377,74 @@ def block_direction(topo: Topology) -> Iterator[Finding]:
 def layout_direction(topo: Topology) -> Iterator[Finding]:
     if topo.kv_connector.kind != "nixl":
         return
-    for pi, p in enumerate(topo.prefill):
-        adv = kv.prefill_kv(topo, p)
-        for di, d in enumerate(topo.decode):
-            local = kv.kv_layout(d)
-            if adv.layout != local and not (adv.layout == "HND" and local == "NHD"):
-                yield _err(
-                    "layout-direction",
-                    ("decode", di, "kv_layout"),
-                    f"{_name('prefill', pi, p)} advertises {adv.layout} pages and "
-                    f"{_name('decode', di, d)} holds {local}: vLLM only permutes remote HND "
-                    "into a local NHD cache",
-                    "use the same kv_layout on both sides",
-                    f"{NIXL}:2497-2516 ('Heterogeneous TP expects same kv_cache_layout')",
-                )
+    for pi, p, adv, di, d in _pairs(topo):
+        local = kv.kv_layout(d)
+        if adv.layout != local and not (adv.layout == "HND" and local == "NHD"):
+            yield _err(
+                "layout-direction",
+                ("decode", di, "kv_layout"),
+                f"{_name('prefill', pi, p)} advertises {adv.layout} pages and "
+                f"{_name('decode', di, d)} holds {local}: vLLM only permutes remote HND "
+                "into a local NHD cache",
+                "use the same kv_layout on both sides",
+                f"{NIXL}:2497-2516 ('Heterogeneous TP expects same kv_cache_layout')",
+            )
 
 
 @rule("tp-order", "tensor-parallel sizes the connector can pair", f"{KV_UTILS}:503; {SEED_ASCEND}")
 def tp_order(topo: Topology) -> Iterator[Finding]:
-    for pi, p in enumerate(topo.prefill):
-        for di, d in enumerate(topo.decode):
-            where = ("prefill", pi, "tp")
-            pair = f"{_name('prefill', pi, p)} (TP {p.tp}) -> {_name('decode', di, d)} (TP {d.tp})"
-            if topo.kv_connector.kind == "mooncake":
-                if p.tp < d.tp:
-                    yield _err(
-                        "tp-order",
-                        where,
-                        f"{pair}: the Mooncake connector needs prefill TP >= decode TP",
-                        f"raise prefill tp to at least {d.tp} or lower decode tp",
-                        f"{SEED_ASCEND} (Usage Restrictions); vllm-ascend mooncake_connector "
-                        "('prefill_tp_size ... must be greater than or equal to the "
-                        "decode_tp_size')",
-                    )
-                continue
-            if max(p.tp, d.tp) % min(p.tp, d.tp):
+    for pi, p, _adv, di, d in _pairs(topo):
+        where = ("prefill", pi, "tp")
+        pair = f"{_name('prefill', pi, p)} (TP {p.tp}) -> {_name('decode', di, d)} (TP {d.tp})"
+        if topo.kv_connector.kind == "mooncake":
+            if p.tp < d.tp:
                 yield _err(
                     "tp-order",
                     where,
-                    f"{pair}: one TP size must divide the other",
-                    "use TP sizes such as 1/2/4/8 where the larger is a multiple",
-                    f"{KV_UTILS}:503-511",
+                    f"{pair}: the Mooncake connector needs prefill TP >= decode TP",
+                    f"raise prefill tp to at least {d.tp} or lower decode tp",
+                    f"{SEED_ASCEND} (Usage Restrictions); vllm-ascend mooncake_connector "
+                    "('prefill_tp_size ... must be greater than or equal to the "
+                    "decode_tp_size')",
                 )
-            ratio = kv.block_size(d) // kv.prefill_kv(topo, p).block_size
-            if p.tp > d.tp and ratio > 1:
-                yield _err(
-                    "tp-order",
-                    where,
-                    f"{pair} with decode block {ratio}x the prefill block: vLLM refuses "
-                    "different block sizes when prefill TP > decode TP",
-                    "use the same block size on both sides, or prefill TP <= decode TP",
-                    f"{NIXL}:2604 ('Different local/remote block sizes are not supported "
-                    "when P TP > D TP')",
-                )
+            continue
+        if max(p.tp, d.tp) % min(p.tp, d.tp):
+            yield _err(
+                "tp-order",
+                where,
+                f"{pair}: one TP size must divide the other",
+                "use TP sizes such as 1/2/4/8 where the larger is a multiple",
+                f"{KV_UTILS}:503-511",
+            )
+        ratio = kv.block_size(d) // kv.prefill_kv(topo, p).block_size
+        if p.tp > d.tp and ratio > 1:
+            yield _err(
+                "tp-order",
+                where,
+                f"{pair} with decode block {ratio}x the prefill block: vLLM refuses "
+                "different block sizes when prefill TP > decode TP",
+                "use the same block size on both sides, or prefill TP <= decode TP",
+                f"{NIXL}:2604 ('Different local/remote block sizes are not supported "
+                "when P TP > D TP')",
+            )
 
 
 @rule("tp-layout", "P TP > D TP splits heads: prefill pages must be HND", f"{NIXL}:2536")
 def tp_layout(topo: Topology) -> Iterator[Finding]:
     if topo.kv_connector.kind != "nixl":
         return
-    for pi, p in enumerate(topo.prefill):
-        adv = kv.prefill_kv(topo, p)
-        for di, d in enumerate(topo.decode):
-            if p.tp != d.tp and adv.layout == "NHD" and kv.kv_layout(d) == "NHD":
-                yield _err(
-                    "tp-layout",
-                    ("prefill", pi, "kv_layout"),
-                    f"{_name('prefill', pi, p)} (TP {p.tp}) and {_name('decode', di, d)} "
-                    f"(TP {d.tp}) differ in TP, so decode reads a slice of the heads, which "
-                    "needs head-contiguous (HND) pages on prefill",
-                    "use kv_layout: HND on prefill, or equal TP sizes",
-                    f"{NIXL}:2536-2546 ('Heterogeneous TP head-dimension splitting requires "
-                    "contiguous heads')",
-                )
+    for pi, p, adv, di, d in _pairs(topo):
+        if p.tp != d.tp and adv.layout == "NHD" and kv.kv_layout(d) == "NHD":
+            yield _err(
+                "tp-layout",
+                ("prefill", pi, "kv_layout"),
+                f"{_name('prefill', pi, p)} (TP {p.tp}) and {_name('decode', di, d)} "
+                f"(TP {d.tp}) differ in TP, so decode reads a slice of the heads, which "
+                "needs head-contiguous (HND) pages on prefill",
+                "use kv_layout: HND on prefill, or equal TP sizes",
+                f"{NIXL}:2536-2546 ('Heterogeneous TP head-dimension splitting requires "
+                "contiguous heads')",
+            )
 
 
 @rule("pipeline-parallel", "NIXL decode cannot run pipeline parallel", f"{NIXL}:775")
@@ -482,6 +492,7 @@ def _host_key(host: str) -> str:
     return "localhost" if _is_loopback(host) else host
 
 
+@lru_cache(maxsize=4096)
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True

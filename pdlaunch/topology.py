@@ -8,9 +8,10 @@ source and a fix.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 DeviceKind = Literal["cuda", "hpu", "npu", "cpu"]
 KvLayout = Literal["NHD", "HND"]
@@ -238,6 +239,13 @@ class Topology(Strict):
     decode: list[Instance] = Field(min_length=1)
     kv_connector: KvConnector = Field(default_factory=KvConnector)
     router: Router = Field(default_factory=Router)
+    # Derived values computed once per topology (see kvgeometry.py, ports.py); not a field.
+    _derived: dict = PrivateAttr(default_factory=dict)
+
+    def derived(self, key: str, compute: Callable[[Topology], Any]) -> Any:
+        if key not in self._derived:
+            self._derived[key] = compute(self)
+        return self._derived[key]
 
     @field_validator("deployment")
     @classmethod
