@@ -36,10 +36,13 @@ from tests.sshd import SshdCluster, SshdError, SshdHost  # noqa: E402
 
 @pytest.fixture(scope="session")
 def sshd_cluster(tmp_path_factory) -> SshdCluster:
+    error = None
     try:
         cluster = SshdCluster(tmp_path_factory.mktemp("sshd"))
     except SshdError as e:
-        pytest.fail(str(e), pytrace=False)
+        error = str(e)
+    if error:
+        pytest.fail(error, pytrace=False)
     yield cluster
     cluster.stop()
 
@@ -51,6 +54,7 @@ class SshdPool:
         self._on_start = on_start
 
     def __call__(self, n: int = 1, *, fresh: bool = False) -> list[SshdHost]:
+        error = None
         try:
             if fresh:
                 hosts = self.cluster.start(n)
@@ -59,7 +63,9 @@ class SshdPool:
                     self.shared += self.cluster.start(n - len(self.shared))
                 hosts = self.shared[:n]
         except SshdError as e:
-            pytest.fail(str(e), pytrace=False)
+            error = str(e)
+        if error:
+            pytest.fail(error, pytrace=False)
         self._on_start()
         return hosts
 

@@ -42,8 +42,10 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,7 +63,15 @@ class SshdError(RuntimeError):
 
 
 def find_sshd() -> str:
-    """Absolute path of the sshd binary, or SshdError with an install hint."""
+    """Absolute path of the sshd binary (``$PDLAUNCH_TEST_SSHD`` overrides the search), or
+    SshdError with an install hint."""
+    override = os.environ.get("PDLAUNCH_TEST_SSHD")
+    if override:
+        if os.path.isabs(override) and os.access(override, os.X_OK):
+            return override
+        raise SshdError(
+            f"PDLAUNCH_TEST_SSHD={override} is not an executable absolute path. " + INSTALL_HINT
+        )
     for cand in SSHD_CANDIDATES:
         if os.access(cand, os.X_OK):
             return cand
@@ -176,6 +186,7 @@ class SshdHost:
     config_file: Path
     log_file: Path
     process: subprocess.Popen | None = field(default=None, repr=False)
+    log_offset: int = field(default=0, repr=False)  # log size when this sshd was spawned
 
     @property
     def alias(self) -> str:
@@ -201,6 +212,15 @@ class SshdHost:
             return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+    def listening(self) -> bool:
+        """This sshd (not an older one, not another process) logged that it is listening."""
+        try:
+            with open(self.log_file, "rb") as f:
+                f.seek(self.log_offset)
+                return b"Server listening on" in f.read()
+        except OSError:
+            return False
 
     def is_running(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -238,11 +258,13 @@ class SshdHost:
         self.stop()
         keygen(self.host_key, comment=f"host{self.index}")
         self.process = _spawn_sshd(self)
-        _wait_ready([self], timeout=10.0)
+        if _wait_ready([self], timeout=10.0):
+            raise SshdError(f"sshd {self.address} did not restart: {self.log_tail(5)}")
 
 
 def _spawn_sshd(h: SshdHost) -> subprocess.Popen:
     log = open(h.log_file, "ab")  # noqa: SIM115 - handed to the child
+    h.log_offset = log.seek(0, os.SEEK_END)
     try:
         return subprocess.Popen(
             [find_sshd(), "-D", "-e", "-f", str(h.config_file)],
@@ -265,7 +287,7 @@ def _wait_ready(hosts: Sequence[SshdHost], timeout: float) -> list[SshdHost]:
         for h in pending:
             if h.process is not None and h.process.poll() is not None:
                 failed.append(h)
-            elif not h.accepts():
+            elif not (h.listening() and h.accepts()):
                 still.append(h)
         pending = still
         if not pending:
@@ -295,12 +317,16 @@ class SshdCluster:
         self.known_hosts = self.client_dir / "known_hosts"
         self.known_hosts.touch()
         self.hosts: list[SshdHost] = []
+        self._used_ports: set[int] = set()
+        self._ports_lock = threading.Lock()
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self, n: int = 1, *, timeout: float = 20.0) -> list[SshdHost]:
         """Start ``n`` more sshd hosts in parallel; returns them once all accept connections."""
         _ensure_privsep_dir()
-        new = [self._prepare(len(self.hosts) + i) for i in range(n)]
+        base = len(self.hosts)
+        with ThreadPoolExecutor(max_workers=min(16, max(1, n))) as pool:  # ssh-keygen in parallel
+            new = list(pool.map(self._prepare, range(base, base + n)))
         self.hosts.extend(new)
         todo = new
         for _attempt in range(5):
@@ -311,7 +337,7 @@ class SshdCluster:
                 break
             for h in todo:  # most likely lost the race for the port: pick another one
                 h.process = None
-                h.port = free_port()
+                h.port = self._new_port()
                 self._write_config(h)
         else:
             details = "; ".join(f"{h.address}: {h.log_tail(5)}" for h in todo)
@@ -369,6 +395,14 @@ class SshdCluster:
         return target
 
     # -- internals -------------------------------------------------------------------------------
+    def _new_port(self) -> int:
+        with self._ports_lock:
+            while True:
+                port = free_port()
+                if port not in self._used_ports:
+                    self._used_ports.add(port)
+                    return port
+
     def _prepare(self, index: int) -> SshdHost:
         d = self.root / f"host{index}"
         home = d / "home"
@@ -380,7 +414,7 @@ class SshdCluster:
         h = SshdHost(
             index=index,
             host=LOOPBACK,
-            port=free_port(),
+            port=self._new_port(),
             dir=d,
             home=home,
             host_key=host_key,

@@ -15,6 +15,7 @@ import math
 import os
 import shlex
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -372,37 +373,92 @@ rm -f -- "$t"; exit 1
         lines: int = 10,
         stop: threading.Event | None = None,
         poll_interval: float = 0.2,
-    ) -> Iterator[str]:
-        """Yield the last ``lines`` lines of ``path`` and then each new line, like ``tail -F``
+    ) -> LogFollower:
+        """Follow a file like ``tail -F``: yields its last ``lines`` lines, then each new line
         (waits for the file to appear, follows rotation). Lines have no trailing newline.
 
-        Stops when the consumer stops iterating (``break`` / ``gen.close()``), when ``stop`` is
-        set (checked every ``poll_interval`` s), or when the host is closed; the remote
-        ``tail`` is killed then.
+        ``tail`` starts right away (not at the first ``next()``). Stops, killing ``tail`` on the
+        host, when the returned iterator is closed (``.close()``, or leaving ``with``), when
+        ``stop`` is set (checked every ``poll_interval`` s, so another thread can stop a consumer
+        blocked waiting for lines), or when the host is closed::
+
+            with host.follow_log("~/pdlaunch/prefill.log") as lines:
+                for line in lines:
+                    print(line)
         """
         cmd = f"echo $$; exec tail -n {int(lines)} -F -- {sh_quote_path(path)} 2>/dev/null"
         stream = self._open_stream(cmd)
         with self._streams_lock:
             self._streams.add(stream)
-        buf = b""
-        try:
-            while stop is None or not stop.is_set():
-                chunk = stream.read(poll_interval)
-                if chunk is None:
-                    break
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    if stream.pid is None:
-                        stream.pid = int(line) if line.strip().isdigit() else 0
-                        continue
-                    yield line.decode("utf-8", errors="replace")
-            if buf and stream.pid is not None:
-                yield buf.decode("utf-8", errors="replace")
-        finally:
+        # Wait for the first line (the pid of tail), so that tail is running on return.
+        buf, deadline = b"", time.monotonic() + 60
+        while b"\n" not in buf and time.monotonic() < deadline:
+            chunk = stream.read(0.5)
+            if chunk is None:
+                break
+            buf += chunk
+        head, sep, rest = buf.partition(b"\n")
+        if not sep or not head.strip().isdigit():
             with self._streams_lock:
                 self._streams.discard(stream)
             stream.close()
+            raise HostError(f"{self.name}: cannot follow {path}", host=self.name)
+        stream.pid = int(head)
+        return LogFollower(self, stream, stop=stop, poll_interval=poll_interval, buffered=rest)
+
+
+class LogFollower(Iterator[str]):
+    """Iterator over the lines of a followed log (see :meth:`Host.follow_log`)."""
+
+    def __init__(
+        self,
+        host: Host,
+        stream: Stream,
+        *,
+        stop: threading.Event | None,
+        poll_interval: float,
+        buffered: bytes = b"",
+    ):
+        self._host = host
+        self._stream = stream
+        self._stop = stop
+        self._poll = poll_interval
+        self._buf = buffered
+        self._closed = False
+
+    def __next__(self) -> str:
+        stream = self._stream
+        while not self._closed:
+            if b"\n" in self._buf:
+                line, self._buf = self._buf.split(b"\n", 1)
+                return line.decode("utf-8", errors="replace")
+            if self._stop is not None and self._stop.is_set():
+                break
+            chunk = stream.read(self._poll)
+            if chunk is None:  # tail ended (file gone for good, host closed, ...)
+                rest, self._buf = self._buf, b""
+                self.close()
+                if rest:
+                    return rest.decode("utf-8", errors="replace")
+                break
+            self._buf += chunk
+        self.close()
+        raise StopIteration
+
+    def close(self) -> None:
+        """Stop following (kills ``tail``); idempotent, callable from any thread."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._host._streams_lock:
+            self._host._streams.discard(self._stream)
+        self._stream.close()
+
+    def __enter__(self) -> LogFollower:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _short(cmd: str, n: int = 120) -> str:

@@ -28,6 +28,11 @@ def _home() -> str:
     return os.path.expanduser("~")
 
 
+def _cwd() -> str:
+    home = _home()
+    return home if os.path.isdir(home) else "/"
+
+
 class LocalHost(Host):
     """Runs everything with subprocess on this machine.
 
@@ -47,7 +52,7 @@ class LocalHost(Host):
                 stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                cwd=_home(),
+                cwd=_cwd(),
                 start_new_session=True,  # so a timeout can kill the whole tree
             )
         except OSError as e:
@@ -80,7 +85,7 @@ class LocalHost(Host):
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            cwd=_home(),
+            cwd=_cwd(),
             start_new_session=True,
         )
         return _LocalStream(proc)
@@ -140,6 +145,8 @@ class _LocalStream:
             data = b""
         if not data:
             self._eof = True
+            with contextlib.suppress(OSError):
+                self.proc.stdout.close()
             return None
         return data
 

@@ -42,6 +42,9 @@ from .base import (
 )
 
 log = logging.getLogger("pdlaunch.hosts")
+# paramiko logs handshake failures at ERROR from its transport thread; we report them as
+# HostError. Without any handler configured, Python would print them on stderr (lastResort).
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 SYSTEM_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 USER_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
@@ -528,7 +531,7 @@ class _SshStream:
             self.chan.close()
         # Closing the channel does not stop a quiet `tail -F` on the host (no SIGPIPE until
         # it writes): kill it, if it is still the tail we started.
-        if self.pid:
+        if self.pid and self.host.is_connected:
             with contextlib.suppress(HostError):
                 self.host._exec(
                     f'[ "$(cat /proc/{self.pid}/comm 2>/dev/null)" = tail ] && kill {self.pid}'

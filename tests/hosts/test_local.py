@@ -73,7 +73,7 @@ def live_group(pgid: int) -> list[str]:
     return rows
 
 
-def wait_for(pred, timeout: float = 10.0, interval: float = 0.05):
+def wait_for(pred, timeout: float = 20.0, interval: float = 0.05):
     deadline = time.monotonic() + timeout
     while True:
         value = pred()
@@ -200,7 +200,7 @@ def test_start_detached_runs_in_own_session_with_closed_stdin(case, tmp_path):
         pid_file=str(pid_file),
         log_file=str(log_file),
     )
-    assert time.monotonic() - t0 < 5, "start_detached must return while the process runs"
+    assert time.monotonic() - t0 < 30, "start_detached must return while the process runs"
     try:
         assert int(pid_file.read_text()) == pid
         assert case.host.is_alive(pid)
@@ -276,7 +276,7 @@ def test_stop_escalates_to_kill_and_leaves_no_orphans(case, tmp_path):
     t0 = time.monotonic()
     assert case.host.stop(pid, grace=0.5) is True
     took = time.monotonic() - t0
-    assert 0.5 <= took < 10, took
+    assert 0.5 <= took < 20, took
     assert live_group(pid) == []
     assert case.host.group_pids(pid) == []
     assert not case.host.is_alive(pid)
@@ -373,6 +373,17 @@ def test_follow_log_existing_new_lines_and_close(case, tmp_path):
     assert _tails_of(f)
     gen.close()
     assert wait_for(lambda: not _tails_of(f)), _tails_of(f)
+    with pytest.raises(StopIteration):
+        next(gen)
+
+
+def test_follow_log_as_context_manager(case, tmp_path):
+    f = tmp_path / "cm.log"
+    f.write_text("a\nb\n")
+    with case.host.follow_log(str(f)) as lines:
+        assert _tails_of(f)  # tail runs as soon as follow_log returns
+        assert [next(lines), next(lines)] == ["a", "b"]
+    assert wait_for(lambda: not _tails_of(f)), _tails_of(f)
 
 
 def test_follow_log_waits_for_file_and_stops_on_event(case, tmp_path):
@@ -387,7 +398,7 @@ def test_follow_log_waits_for_file_and_stops_on_event(case, tmp_path):
     t.start()
     time.sleep(0.5)
     f.write_text("hello\n")
-    assert wait_for(lambda: got == ["hello"], 10), got
+    assert wait_for(lambda: got == ["hello"]), got
     stop.set()
     t.join(5)
     assert not t.is_alive()

@@ -33,8 +33,8 @@ def test_closed_port_is_refused_fast(ssh_connect, sshd_host, ssh_settings):
     port = free_port()
     t0 = time.monotonic()
     with pytest.raises(HostConnectionError) as ei:
-        ssh_connect(sshd_host, ssh=ssh_settings(sshd_host, port=port))
-    assert time.monotonic() - t0 < 2
+        ssh_connect(sshd_host, ssh=ssh_settings(sshd_host, port=port, connect_timeout=30))
+    assert time.monotonic() - t0 < 5  # refused at once, not after the connect timeout
     assert str(ei.value) == f"ssh root@127.0.0.1:{port}: connection refused".replace(
         "root", ssh_settings(sshd_host).user
     )
@@ -49,7 +49,7 @@ def test_silent_server_times_out(ssh_connect, sshd_host, ssh_settings):
         t0 = time.monotonic()
         with pytest.raises(HostConnectionError, match=f"127.0.0.1:{port}") as ei:
             ssh_connect(sshd_host, ssh=ssh_settings(sshd_host, port=port, connect_timeout=1))
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 8
     assert "banner" in str(ei.value) or "did not complete within 1s" in str(ei.value)
 
 
