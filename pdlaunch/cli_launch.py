@@ -102,6 +102,8 @@ class RichReporter(launch.Reporter):
             self.live.refresh()
             self.live.stop()
             self.live = None
+            if not self.console.is_terminal:
+                self.console.line()
 
     def render(self) -> Group:
         table = Table(box=None, pad_edge=False, header_style="bold")

@@ -132,7 +132,7 @@ def canary(
     decode_health: list[str],
     *,
     timeout: float = 60.0,
-    settle: float = 5.0,
+    settle: float = 3.0,
 ) -> CanaryResult:
     """Send one small completion through the router; check the metrics moved as a disaggregated
     request moves them (see the module docstring). ``settle``: how long to wait for the

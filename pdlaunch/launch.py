@@ -41,6 +41,7 @@ from pdlaunch.state import (
 
 STOP_ORDER = ("router", "decode", "prefill")
 LOG_TAIL_LINES = 30
+ALIVE_EVERY = 1.0  # s between liveness checks (one command on the host) while not healthy
 MAX_WORKERS = 64
 
 
@@ -156,30 +157,46 @@ class HostPool:
         self.known_hosts = known_hosts
         self.ssh_config = ssh_config
         self._hosts: dict[HostKey, Host] = {}
+        self._failed: dict[HostKey, HostError] = {}
+        self._key_locks: dict[HostKey, threading.Lock] = {}
         self._lock = threading.Lock()
 
     def get(self, host: str, local: bool, ssh: dict[str, Any]) -> Host:
+        """The connected host (connecting once, even when asked from many threads); a host
+        that failed to connect raises the same HostError again without a second attempt."""
         key = _host_key(host, local, ssh)
         with self._lock:
             h = self._hosts.get(key)
-        if h is not None:
+            if h is not None:
+                return h
+            key_lock = self._key_locks.setdefault(key, threading.Lock())
+        with key_lock:
+            with self._lock:
+                h = self._hosts.get(key)
+                failed = self._failed.get(key)
+            if h is not None:
+                return h
+            if failed is not None:
+                raise failed
+            try:
+                if local:
+                    h = LocalHost(host)
+                else:
+                    h = open_host(
+                        host,
+                        ssh=ssh_settings(ssh),
+                        force_ssh=True,
+                        accept_new_host_keys=self.accept_new_host_keys,
+                        known_hosts=self.known_hosts,
+                        ssh_config_file=self.ssh_config,
+                    )
+            except HostError as exc:
+                with self._lock:
+                    self._failed[key] = exc
+                raise
+            with self._lock:
+                self._hosts[key] = h
             return h
-        if local:
-            h = LocalHost(host)
-        else:
-            h = open_host(
-                host,
-                ssh=ssh_settings(ssh),
-                force_ssh=True,
-                accept_new_host_keys=self.accept_new_host_keys,
-                known_hosts=self.known_hosts,
-                ssh_config_file=self.ssh_config,
-            )
-        with self._lock:
-            other = self._hosts.setdefault(key, h)
-        if other is not h:
-            h.close()
-        return other
 
     def connect_all(self, targets: Iterable[tuple[str, bool, dict[str, Any]]]) -> dict[str, str]:
         """Connect to every target in parallel; returns {host: error message} for failures."""
@@ -338,6 +355,13 @@ class _Run:
     def save(self) -> None:
         with self.lock:
             save_state(self.state)
+            self._saved = time.monotonic()
+
+    def save_soon(self, every: float = 0.5) -> None:
+        """Save unless saved within ``every`` s (starting 64 processes must not mean 64 state
+        writes); callers save() once more when their batch is done."""
+        if time.monotonic() - getattr(self, "_saved", 0.0) >= every:
+            self.save()
 
     # steps ----------------------------------------------------------------------------------
     def prepare(self, files: dict[str, RenderedFile]) -> None:
@@ -385,7 +409,7 @@ class _Run:
             assert ps is not None
             with self.lock:
                 ps.pid, ps.start_time, ps.started_at = pid, start_time, time.time()
-            self.save()
+            self.save_soon()
             self.set(p.name, "starting", "waiting for health" if p.health_url else "", pid=pid)
 
         errors: list[tuple[Process, BaseException]] = []
@@ -397,7 +421,10 @@ class _Run:
                 self.set(p.name, "failed", str(exc))
                 errors.append((p, exc))
 
-        _parallel(guarded, procs)
+        try:
+            _parallel(guarded, procs)
+        finally:
+            self.save()
         if errors:
             p, exc = errors[0]
             host = _proc_host(self.pool, p)
@@ -416,7 +443,7 @@ class _Run:
             host = _proc_host(self.pool, p)
             ps = self.state.process(p.name)
             assert ps is not None and ps.pid is not None
-            last_alive_check = 0.0
+            last_alive_check = time.monotonic()
             while not abort.is_set():
                 now = time.monotonic()
                 if p.health_url:
@@ -427,7 +454,7 @@ class _Run:
                     detail = pr.describe()
                 else:
                     detail = "headless"
-                if now - last_alive_check >= 0.5 or not p.health_url or now >= deadline:
+                if now - last_alive_check >= ALIVE_EVERY or not p.health_url or now >= deadline:
                     last_alive_check = now
                     try:
                         alive = host.is_alive(ps.pid, ps.start_time)
@@ -497,20 +524,21 @@ def stop_processes(
     lock = threading.Lock()
 
     def one(ps: ProcessState) -> None:
-        view = views.get(ps.name) if views else None
+        view = views.get(ps.name) if views and ps.pid is not None else None
+        failed = view is not None and view.state == "failed"
         try:
             host = _proc_host(pool, ps)
             if ps.pid is not None:
-                if view:
-                    view.state, view.detail = "stopping", ""
+                if view and not failed:
+                    view.state = "stopping"
                     reporter.update()
                 host.stop(ps.pid, grace=grace, start_time=ps.start_time)
             host.run(f"rm -f -- {sh_quote_path(ps.secrets_path)}", timeout=60)
             with lock:
                 ps.pid = None
                 ps.start_time = None
-            if view:
-                view.state = "stopped" if view.state != "failed" else "failed"
+            if view and not failed:
+                view.state, view.detail = "stopped", ""
                 reporter.update()
         except HostError as exc:
             with lock:
@@ -783,6 +811,7 @@ def down(
         names = [p.name for p in state.started()]
         pool = _pool_for(state, accept_new_host_keys, known_hosts, ssh_config)
         try:
+            pool.connect_all((p.host, p.local, p.ssh) for p in state.started())
             state.status = "stopping"
             reporter.step(f"stopping {len(names)} process(es): router, decode, prefill")
             errors = stop_processes(state, pool, reporter, grace=grace)
@@ -843,6 +872,7 @@ def status(
         return row
 
     try:
+        pool.connect_all((p.host, p.local, p.ssh) for p in state.started())
         rows = _parallel(one, state.processes)
     finally:
         pool.close()

@@ -21,7 +21,7 @@ def _install(src: Path, dest: Path) -> Path:
     """Copy a fake with this interpreter in its shebang (fast start, no PATH lookup on the
     "remote" side, where sshd's PATH may not find the venv)."""
     body = src.read_text().split("\n", 1)[1]
-    dest.write_text(f"#!{sys.executable}\n{body}")
+    dest.write_text(f"#!{sys.executable} -S\n{body}")  # -S: no site-packages, faster
     dest.chmod(0o755)
     return dest
 

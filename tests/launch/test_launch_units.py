@@ -1,0 +1,143 @@
+"""Pure pieces of the launch layer: metrics parsing, state records, the lock, secrets files,
+change descriptions."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from pdlaunch import health, launch
+from pdlaunch.load import load
+from pdlaunch.plan import build_plan
+from pdlaunch.render import RenderedFile, render_plan
+from pdlaunch.state import (
+    DeploymentLock,
+    DeploymentState,
+    ProcessState,
+    StateError,
+    deployment_dir,
+    load_state,
+    remove_state,
+    save_state,
+    scripts_hash,
+    state_root,
+)
+
+# As vLLM 0.32 prints it (vllm/v1/metrics/loggers.py: labels model_name, engine, source).
+METRICS = """\
+# HELP vllm:prompt_tokens_by_source_total Number of prompt tokens by source.
+# TYPE vllm:prompt_tokens_by_source_total counter
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_compute"} 12.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_cache_hit"} 0.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="external_kv_transfer"} 96.0
+vllm:prompt_tokens_by_source_total{engine="1",model_name="m",source="external_kv_transfer"} 4.0
+vllm:prompt_tokens_by_source_created{engine="0",model_name="m",source="local_compute"} 1.7e9
+vllm:prompt_tokens_total{engine="0",model_name="m"} 108.0
+"""
+
+
+def test_metric_sum_filters_by_name_and_labels():
+    name = health.PROMPT_TOKENS_BY_SOURCE
+    assert health.metric_sum(METRICS, name, source="external_kv_transfer") == 100.0
+    assert health.metric_sum(METRICS, name, source="external_kv_transfer", engine="1") == 4.0
+    assert health.metric_sum(METRICS, name, source="local_compute") == 12.0
+    assert health.metric_sum(METRICS, name) == 112.0
+    assert health.metric_sum(METRICS, "vllm:nope") == 0.0
+    assert health.metric_sum("garbage {\n\n", name) == 0.0
+
+
+def test_probe_of_a_closed_port_is_not_ok():
+    from tests.sshd import free_port
+
+    pr = health.probe(f"http://127.0.0.1:{free_port()}/health", timeout=1)
+    assert not pr.ok and pr.status is None and pr.describe()
+
+
+def test_state_dir_override_and_round_trip(state_dir):
+    assert state_root() == state_dir
+    assert deployment_dir("d") == state_dir / "d"
+    ps = ProcessState(
+        name="p", role="prefill", host="h", local=False, ssh={"port": 22}, work_dir="/w",
+        script_path="/w/p.sh", log_path="/w/logs/p.log", pid_path="/w/run/p.pid",
+        secrets_path="/w/run/p.secrets.env", health_url=None, ports=[1], script_hash="x",
+        pid=42, start_time=7,
+    )
+    st = DeploymentState(deployment="d", topology="/t.yaml", scripts_hash="h", endpoint="e",
+                         served_model_name="m", processes=[ps])
+    save_state(st)
+    back = load_state("d")
+    assert back == st and back.process("p").pid == 42 and back.started() == [ps]
+    remove_state("d")
+    assert load_state("d") is None
+    remove_state("d")  # idempotent
+    (state_dir / "d" / "state.json").write_text("{not json")
+    with pytest.raises(StateError, match="cannot read"):
+        load_state("d")
+
+
+def test_lock_is_exclusive_across_processes_and_released(state_dir):
+    with DeploymentLock("d", "up"):
+        with pytest.raises(StateError, match=r"locked by another pdlaunch run \(pid \d+, up\)"):
+            DeploymentLock("d", "down").acquire()
+        # another process sees it too (flock, not a pid file)
+        code = (
+            "from pdlaunch.state import DeploymentLock, StateError\n"
+            "try:\n    DeploymentLock('d').acquire()\nexcept StateError:\n    raise SystemExit(3)\n"
+        )
+        rc = subprocess.run([sys.executable, "-c", code],
+                            env={"PDLAUNCH_STATE_DIR": str(state_dir)}).returncode
+        assert rc == 3
+    with DeploymentLock("d", "down"):
+        pass
+
+
+def test_scripts_hash_is_order_independent_and_content_sensitive():
+    a, b = RenderedFile("a.sh", "x", True), RenderedFile("b.sh", "y", True)
+    assert scripts_hash([a, b]) == scripts_hash([b, a])
+    assert scripts_hash([a, b]) != scripts_hash([a, RenderedFile("b.sh", "z", True)])
+
+
+def _plan(tmp_path, extra: str = "", router_port: int = 8123):
+    path = tmp_path / "t.yaml"
+    path.write_text(
+        f"""deployment: u
+model: {{name: m}}
+defaults:
+  env: {{TOKEN: "${{env:MY_TOKEN}}", PLAIN: "1"}}
+prefill: [{{host: 10.0.0.1, device: cpu, port: 8100}}]
+decode: [{{host: 10.0.0.2, device: cpu, port: 8200}}]
+router: {{host: 10.0.0.3, port: {router_port}}}
+{extra}"""
+    )
+    topo, _ = load(path)
+    return build_plan(topo)
+
+
+def test_missing_secrets_and_secret_file(tmp_path):
+    plan = _plan(tmp_path)
+    assert launch.missing_secrets(plan, {}) == {"MY_TOKEN": ["prefill-0", "decode-0"]}
+    assert launch.missing_secrets(plan, {"MY_TOKEN": ""}) == {}
+    value = "it's $(rm -rf /) `x`"
+    text = launch.secrets_file(plan.processes[0], {"MY_TOKEN": value})
+    line = text.splitlines()[-1]
+    assert line == "TOKEN=" + shlex.quote(value)
+    out = subprocess.run(["sh", "-c", f'{line}\nprintf %s "$TOKEN"'], capture_output=True,
+                         text=True)
+    assert out.stdout == value
+
+
+def test_describe_changes_names_the_changed_lines(tmp_path):
+    old_plan, new_plan = _plan(tmp_path), _plan(tmp_path, router_port=9123)
+    old_files = render_plan(old_plan)
+    old = DeploymentState(
+        deployment="u", topology="", scripts_hash=scripts_hash(old_files), endpoint="",
+        served_model_name="m", file_hashes=launch.file_hashes(old_files),
+        scripts={f.name: f.content for f in old_files if f.name.endswith(".sh")},
+    )
+    changes = launch.describe_changes(old, render_plan(new_plan))
+    assert len(changes) == 1 and changes[0].startswith("router: ")
+    assert "8123" in changes[0] and "9123" in changes[0]
+    assert launch.describe_changes(old, old_files) == ["rendered files differ"]
