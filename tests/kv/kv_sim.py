@@ -17,8 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-from pdlaunch.kv import blocks as kvblocks
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.utils import (
     EngineTransferInfo,
@@ -34,6 +32,8 @@ from vllm.v1.kv_cache_interface import (
     KVCacheConfig,
     KVCacheGroupSpec,
 )
+
+from pdlaunch.kv import blocks as kvblocks
 
 
 def alloc_cache(num_blocks: int, block_size: int, heads: int, c: int, layout: str, dtype):

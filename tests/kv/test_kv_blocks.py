@@ -122,7 +122,7 @@ def test_reblock_matches_reference(case):
 @settings(max_examples=40, deadline=None)
 @given(cases())
 def test_unreblock_inverts_reblock(case):
-    ratio, agreed, B, H, C, nb, ids, src, dst, dtype, logical, pad, scratch_pages = case
+    _ratio, agreed, B, H, C, nb, ids, src, dst, dtype, logical, pad, scratch_pages = case
     storage, cache = make_cache(nb, B, H, C, src, dtype, logical, pad, seed=1)
     orig = raw_bytes(storage)
     kw = dict(block_size=B, num_heads=H, agreed=agreed, scratch_bytes=scratch_pages * 64)
@@ -185,8 +185,18 @@ def test_alias_nhd_to_nhd_moves_nothing():
     cache = torch.randn(4, 64, 2, 8)
     before = raw_bytes(cache)
     assert kb.is_alias("NHD", "NHD", 4)
-    assert kb.reblock_(cache, [0, 1, 2], block_size=64, num_heads=2, agreed=16,
-                       src_layout="NHD", dst_layout="NHD") == 0
+    assert (
+        kb.reblock_(
+            cache,
+            [0, 1, 2],
+            block_size=64,
+            num_heads=2,
+            agreed=16,
+            src_layout="NHD",
+            dst_layout="NHD",
+        )
+        == 0
+    )
     assert raw_bytes(cache) == before
 
 
