@@ -28,6 +28,7 @@ from .base import (
     HostConnectionError,
     HostError,
     HostKeyError,
+    LogFollower,
     sh_quote_path,
 )
 from .local import LocalHost
@@ -45,6 +46,7 @@ __all__ = [
     "HostError",
     "HostKeyError",
     "LocalHost",
+    "LogFollower",
     "SshHost",
     "SshSettings",
     "fingerprint",
