@@ -1,0 +1,874 @@
+"""Run the `pdlaunch check` probes of a plan on its hosts.
+
+Flow (:func:`run_check`)::
+
+    group the plan's processes by host (address + how to reach it)
+    phase 1, one thread per host:  connect -> ONE shell round trip that runs, in parallel on
+        the host, every host probe it needs (devices / transports / ports of its processes)
+        plus the reachability probes it is the source of (decode -> prefill NIXL side
+        channel / Mooncake port, router -> every instance HTTP port, DP node -> master RPC)
+    phase 2 (not --fast):          Ascend ``hccn_tool -ping`` prefill NPU -> decode NPU
+        addresses (learnt in phase 1), and with --bandwidth ``ib_write_bw`` per pair
+    cluster:                       vLLM/NIXL/Python versions equal, Ascend TLS identical
+
+A host that cannot be reached gives one FAIL row (``host.connect``) with the HostError
+message; the other hosts are checked all the same. Parsing is the pure core's job
+(:mod:`pdlaunch.check.parsers`); this module only decides what to run where, runs it through
+the hosts layer and attaches the results to hosts and pairs.
+
+Which Python interpreter runs the version/reachability probes on a host, first match wins:
+
+1. ``PDLAUNCH_PYTHON`` in the planned env of a process on that host (topology ``defaults.env``,
+   ``hosts.<host>.env``, an instance's or the router's ``env``);
+2. the ``python`` next to an instance's ``vllm_bin`` when that is a path
+   (``/opt/venv/bin/vllm`` -> ``/opt/venv/bin/python``: the venv vLLM runs in);
+3. ``python3`` on the host's PATH.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import posixpath
+import re
+import shlex
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pdlaunch.check import parsers as p
+from pdlaunch.check.parsers import CommandOutput, ProbeContext
+from pdlaunch.check.probes import PROBES_BY_ID, Probe, select_probes
+from pdlaunch.check.results import CheckResult, Status, has_failure
+from pdlaunch.hosts import Host, HostError
+from pdlaunch.plan import Plan, Process
+
+#: topology device kind -> probe device kind (pdlaunch.check.probes.DEVICE_KINDS)
+DEVICE_KIND = {"cuda": "nvidia", "hpu": "gaudi", "npu": "ascend", "cpu": "cpu"}
+#: UCX transports every UCX build has: ucx_info is then optional on the host (SKIP if absent)
+BASIC_UCX_TLS = frozenset(
+    {"tcp", "self", "sm", "shm", "mm", "posix", "sysv", "cma", "knem", "xpmem", "all"}
+)
+#: UCX_TLS names that put traffic on an RDMA port (parsers' IB list, aliases included)
+RDMA_UCX_TLS = frozenset(p._IB_TLS) | {"gaudi_gdr"}
+PYTHON_ENV = "PDLAUNCH_PYTHON"
+TIMEOUT_RC = 124  # coreutils `timeout`
+
+#: many reachability tests in one interpreter, all at once (non-blocking connects + select:
+#: no threads, stdlib modules that import fast); prints one line per target in exactly the
+#: format of probes.REACH_SNIPPET (evaluated by parsers.eval_port_reach)
+REACH_BATCH_SNIPPET = """import errno,json,os,select,socket,sys,time
+t=float(sys.argv[1]);targets=json.loads(sys.argv[2]);res={};pend={}
+def kind(e):
+    if e==0:
+        return {"result":"open"}
+    if e==errno.ECONNREFUSED:
+        return {"result":"refused"}
+    if e==errno.ETIMEDOUT:
+        return {"result":"timeout"}
+    return {"result":"error","errno":e,"detail":str(OSError(e,os.strerror(e)))}
+for i,(h,p) in enumerate(targets):
+    try:
+        fam,st,pr,_,sa=socket.getaddrinfo(h,int(p),0,socket.SOCK_STREAM)[0]
+        s=socket.socket(fam,st,pr)
+        s.setblocking(False)
+        e=s.connect_ex(sa)
+        if e in (errno.EINPROGRESS,errno.EWOULDBLOCK,errno.EALREADY):
+            pend[s]=i
+        else:
+            res[i]=kind(e)
+            s.close()
+    except OSError as e:
+        res[i]={"result":"error","errno":e.errno,"detail":str(e)}
+end=time.monotonic()+t
+while pend:
+    left=end-time.monotonic()
+    if left<=0:
+        break
+    _,ready,_=select.select([],list(pend),[],left)
+    for s in ready:
+        res[pend.pop(s)]=kind(s.getsockopt(socket.SOL_SOCKET,socket.SO_ERROR))
+        s.close()
+for s,i in pend.items():
+    res[i]={"result":"timeout"}
+    s.close()
+for i,(h,p) in enumerate(targets):
+    r=res[i]
+    r.update(pdlaunch_probe=1,host=h,port=int(p))
+    print(json.dumps(r,sort_keys=True))"""
+
+
+# ------------------------------------------------------------------------------ options/report
+
+
+@dataclass
+class CheckOptions:
+    """fast: the quick subset `up` runs (no NPU pings, no bandwidth).
+    bandwidth: add ``ib_write_bw`` between every prefill -> decode host pair (RDMA plans).
+    reach_timeout: seconds a reachability connect may take before it counts as filtered.
+    min_bandwidth_gbps: WARN below it (``--bandwidth``)."""
+
+    fast: bool = False
+    bandwidth: bool = False
+    accept_new_host_keys: bool = False
+    known_hosts: str | None = None
+    ssh_config: str | None = None  # replaces ~/.ssh/config (like ssh -F)
+    reach_timeout: float = 3.0
+    min_bandwidth_gbps: float | None = None
+    max_workers: int = 64
+
+
+@dataclass
+class HostTarget:
+    """One machine of the plan, as the check sees it."""
+
+    label: str  # target name in results
+    address: str
+    local: bool
+    ssh: dict[str, Any]
+    processes: list[Process]
+    devices: set[str] = field(default_factory=set)  # probe device kinds
+    transports: set[str] = field(default_factory=set)
+    reachable: bool | None = None
+    error: str = ""
+
+    @property
+    def key(self) -> tuple:
+        return host_key(self.address, self.local, self.ssh)
+
+    @property
+    def engines(self) -> list[Process]:
+        return [x for x in self.processes if x.role != "router"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "host": self.label,
+            "address": self.address,
+            "local": self.local,
+            "ssh_port": None if self.local else self.ssh.get("port"),
+            "processes": [x.name for x in self.processes],
+            "devices": sorted(self.devices),
+            "transports": sorted(self.transports),
+            "reachable": self.reachable,
+            "error": self.error,
+        }
+
+
+@dataclass
+class CheckReport:
+    results: list[CheckResult]
+    hosts: list[HostTarget]
+    pairs: list[str]
+    elapsed_s: float
+    fast: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return has_failure(self.results)
+
+    def counts(self) -> dict[str, int]:
+        out = {s.value: 0 for s in Status}
+        for r in self.results:
+            out[r.status.value] += 1
+        return out
+
+    def groups(self) -> list[tuple[str, str, list[CheckResult]]]:
+        """``(kind, target, results)`` in report order: hosts, pairs, cluster."""
+        by_target: dict[str, list[CheckResult]] = {}
+        for r in self.results:
+            by_target.setdefault(r.target, []).append(r)
+        out = []
+        for h in self.hosts:
+            if h.label in by_target:
+                out.append(("host", h.label, by_target.pop(h.label)))
+        for pair in self.pairs:
+            if pair in by_target:
+                out.append(("pair", pair, by_target.pop(pair)))
+        for target, rs in by_target.items():
+            out.append(("cluster" if target == "cluster" else "other", target, rs))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": not self.failed,
+            "fast": self.fast,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "counts": self.counts(),
+            "hosts": [h.to_dict() for h in self.hosts],
+            "pairs": list(self.pairs),
+            "results": [_jsonable(r.to_dict()) for r in self.results],
+        }
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple, set, frozenset)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    return str(v)
+
+
+# ------------------------------------------------------------------------------ the hosts
+
+
+def host_key(address: str, local: bool, ssh: Mapping[str, Any]) -> tuple:
+    """Same identity as launch.HostPool: one connection per (address, ssh settings)."""
+    return (address, local, () if local else tuple(sorted(ssh.items())))
+
+
+def group_hosts(plan: Plan) -> list[HostTarget]:
+    """The plan's machines in plan order. Two entries share an address only when they are
+    reached differently (e.g. simulated hosts: one sshd port each); their labels then carry
+    the SSH port."""
+    targets: dict[tuple, HostTarget] = {}
+    for proc in plan.processes:
+        ssh = proc.ssh.model_dump()
+        key = host_key(proc.host, proc.local, ssh)
+        t = targets.get(key)
+        if t is None:
+            t = targets[key] = HostTarget(proc.host, proc.host, proc.local, ssh, [])
+        t.processes.append(proc)
+    per_address: dict[str, int] = {}
+    for t in targets.values():
+        per_address[t.address] = per_address.get(t.address, 0) + 1
+    for t in targets.values():
+        if per_address[t.address] > 1:
+            t.label = f"{t.address} (local)" if t.local else f"{t.address}:ssh{t.ssh.get('port')}"
+        t.devices, t.transports = _needs(plan, t)
+    return list(targets.values())
+
+
+def _device_kind(proc: Process) -> str | None:
+    if proc.role == "router":
+        return None
+    for var, kind in (
+        ("CUDA_VISIBLE_DEVICES", "cuda"),
+        ("HABANA_VISIBLE_MODULES", "hpu"),
+        ("ASCEND_RT_VISIBLE_DEVICES", "npu"),
+    ):
+        if var in proc.env:
+            return kind
+    kv = _kv_config(proc)
+    return kv.get("kv_buffer_device") if kv.get("kv_buffer_device") in DEVICE_KIND else "cpu"
+
+
+def _kv_config(proc: Process) -> dict[str, Any]:
+    with contextlib.suppress(ValueError, IndexError):
+        i = proc.argv.index("--kv-transfer-config")
+        data = json.loads(proc.argv[i + 1])
+        if isinstance(data, dict):
+            return data
+    return {}
+
+
+def _ucx_items(proc: Process) -> list[str]:
+    tls = proc.env.get("UCX_TLS", "")
+    negate, items = p.split_ucx_tls(tls)
+    return [] if negate else items
+
+
+def _needs(plan: Plan, t: HostTarget) -> tuple[set[str], set[str]]:
+    devices: set[str] = set()
+    transports = {"tcp"}
+    for proc in t.engines:
+        kind = _device_kind(proc)
+        if kind:
+            devices.add(DEVICE_KIND[kind])
+        if plan.kv_connector == "nixl":
+            transports.add("ucx")
+            if any(i in RDMA_UCX_TLS for i in _ucx_items(proc)):
+                transports.add("rdma")
+        if plan.kv_connector == "mooncake" or kind == "npu":
+            transports.add("hccl")
+    return devices, transports
+
+
+def _python(t: HostTarget) -> str:
+    for proc in t.processes:
+        if proc.env.get(PYTHON_ENV):
+            return _login_path(proc.env[PYTHON_ENV], t.local)
+    for proc in t.engines:
+        if proc.argv and "/" in proc.argv[0]:
+            return _login_path(posixpath.join(posixpath.dirname(proc.argv[0]), "python"), t.local)
+    return "python3"
+
+
+def _login_path(path: str, local: bool) -> str:
+    """Probe commands quote their interpreter, so ``~`` would not expand: on a local host
+    expand it here, on an SSH host make it relative to the login directory (home)."""
+    if path.startswith("~/"):
+        return os.path.expanduser(path) if local else path[2:]
+    return path
+
+
+def _is_local_path(path: str) -> bool:
+    return path.startswith(("/", "~", "./", "../"))
+
+
+def _mem_util(proc: Process) -> float | None:
+    with contextlib.suppress(ValueError, IndexError):
+        return float(proc.argv[proc.argv.index("--gpu-memory-utilization") + 1])
+    return None
+
+
+def _net_devices(t: HostTarget) -> list[str]:
+    out: list[str] = []
+    for proc in t.engines:
+        for d in proc.env.get("UCX_NET_DEVICES", "").split(","):
+            d = d.strip()
+            if d and d != "all" and d not in out:
+                out.append(d)
+    return out
+
+
+# ------------------------------------------------------------------------------- jobs
+
+
+@dataclass
+class _Job:
+    """One command in a host's batch and how to turn its output into results."""
+
+    command: str
+    timeout: float
+    evaluate: Callable[[CommandOutput], list[CheckResult]]
+    name: str  # for timeout messages
+    required: bool = True
+    target: str = ""
+
+
+def _probe_job(probe: Probe, target: str, params: dict[str, Any], required: bool = True) -> _Job:
+    ctx = ProbeContext(target, required, params)
+    return _Job(
+        probe.render(params),
+        probe.timeout_s,
+        lambda out: probe.evaluate(out, ctx),
+        probe.id,
+        required,
+        target,
+    )
+
+
+def _host_jobs(plan: Plan, t: HostTarget, opts: CheckOptions) -> list[_Job]:
+    engines = t.engines
+    local_models = sorted(
+        {x.argv[2] for x in engines if len(x.argv) > 2 and _is_local_path(x.argv[2])}
+    )
+    probes = select_probes(
+        t.devices,
+        t.transports,
+        scope="host",
+        fast_only=opts.fast,
+        model_is_local=bool(local_models),
+    )
+    jobs: list[_Job] = []
+    label = t.label
+    planned_env: dict[str, str] = {}
+    for proc in t.processes:
+        planned_env.update(proc.env)
+    for probe in probes:
+        pid = probe.id
+        if pid in ("versions", "model.path") and not engines:
+            continue  # a router-only host runs no vLLM
+        if pid == "versions":
+            jobs.append(
+                _probe_job(
+                    probe,
+                    label,
+                    {
+                        "python": _python(t),
+                        "need_vllm": True,
+                        "need_nixl": plan.kv_connector == "nixl",
+                    },
+                )
+            )
+        elif pid == "model.path":
+            jobs += [_probe_job(probe, label, {"path": m}) for m in local_models]
+        elif pid == "ports.listen":
+            ports = {
+                pp.port: f"{pp.purpose}, {proc.name}" for proc in t.processes for pp in proc.ports
+            }
+            jobs.append(_probe_job(probe, label, {"ports": ports}))
+        elif pid.startswith("rdma."):
+            devs = _net_devices(t)
+            jobs.append(_probe_job(probe, label, {"devices": devs} if devs else {}))
+        elif pid == "ucx.transports":
+            tls_values = sorted({x.env.get("UCX_TLS", "") for x in engines})
+            for tls in tls_values:
+                _, items = p.split_ucx_tls(tls)
+                required = any(i not in BASIC_UCX_TLS for i in items)
+                jobs.append(_probe_job(probe, label, {"ucx_tls": tls}, required))
+        elif pid == "ucx.env":
+            jobs.append(_probe_job(probe, label, {"planned_env": planned_env}))
+        elif pid in ("nvidia.smi", "gaudi.devices", "ascend.npu_smi"):
+            kind = {"nvidia.smi": "cuda", "gaudi.devices": "hpu", "ascend.npu_smi": "npu"}[pid]
+            procs = [x for x in engines if _device_kind(x) == kind]
+            devs = sorted({d for x in procs for d in x.devices})
+            params: dict[str, Any] = {"need": len(devs), "devices": devs}
+            utils = [u for u in (_mem_util(x) for x in procs) if u is not None]
+            if utils:
+                params["min_free_fraction"] = max(utils)
+            jobs.append(_probe_job(probe, label, params))
+        elif pid.startswith("ascend."):
+            npus = sorted({d for x in engines if _device_kind(x) == "npu" for d in x.devices})
+            jobs.append(_probe_job(probe, label, {"npus": npus}))
+        else:
+            jobs.append(_probe_job(probe, label, {}))
+    return jobs
+
+
+# ------------------------------------------------------------------------------- pairs
+
+
+@dataclass(frozen=True)
+class _Reach:
+    source: str  # process name
+    dest: str  # process name
+    address: str
+    port: int
+    purpose: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.source} -> {self.dest}"
+
+
+def reach_pairs(plan: Plan) -> list[_Reach]:
+    """Who must connect to whom: decode -> every prefill NIXL side channel (or Mooncake
+    producer port), router -> every instance HTTP API, DP worker node -> its master's RPC."""
+    out: list[_Reach] = []
+    prefill, decode = plan.by_role("prefill"), plan.by_role("decode")
+    for d in decode:
+        for pf in prefill:
+            addr = pf.env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", pf.host)
+            for pp in pf.ports:
+                if pp.purpose.startswith(("NIXL side channel", "Mooncake KV")):
+                    out.append(_Reach(d.name, pf.name, addr, pp.port, pp.purpose))
+    for r in plan.by_role("router"):
+        for proc in [*prefill, *decode]:
+            for pp in proc.ports:
+                if pp.purpose == "HTTP API":
+                    out.append(_Reach(r.name, proc.name, proc.host, pp.port, pp.purpose))
+    for proc in [*prefill, *decode]:
+        if proc.node_index == 0:
+            continue
+        for m in plan.processes:
+            if m.instance == proc.instance and m.node_index == 0:
+                for pp in m.ports:
+                    if pp.purpose == "data-parallel RPC":
+                        out.append(_Reach(proc.name, m.name, m.host, pp.port, pp.purpose))
+    return out
+
+
+def _reach_job(reaches: list[_Reach], python: str, timeout: float) -> _Job:
+    targets = sorted({(r.address, r.port) for r in reaches})
+    cmd = (
+        f"command -v {shlex.quote(python)} >/dev/null 2>&1 || exit 127; "
+        f"{shlex.quote(python)} -c {shlex.quote(REACH_BATCH_SNIPPET)} "
+        f"{float(timeout)} {shlex.quote(json.dumps([list(x) for x in targets]))}"
+    )
+    probe = PROBES_BY_ID["ports.reach"]
+
+    def evaluate(out: CommandOutput) -> list[CheckResult]:
+        lines: dict[tuple[str, int], str] = {}
+        for line in out.stdout.splitlines():
+            data = p._probe_json(line)
+            if data is not None:
+                lines[(str(data.get("host")), int(data.get("port", 0)))] = line
+        results = []
+        for r in reaches:
+            ctx = ProbeContext(r.label, True, {"host": r.address, "port": r.port})
+            one = CommandOutput(out.rc, lines.get((r.address, r.port), ""), out.stderr)
+            for res in probe.evaluate(one, ctx):
+                results.append(replace(res, message=f"{r.purpose}: {res.message}"))
+        return results
+
+    return _Job(cmd, probe.timeout_s + timeout, evaluate, "ports.reach", True, "")
+
+
+# ------------------------------------------------------------------------- batch runner
+
+
+def batch_script(jobs: list[_Job], boundary: str) -> str:
+    """One sh script that runs every job in parallel (each in its own ``sh -c``, under
+    ``timeout`` when the host has it) and prints each job's stdout, stderr and exit status
+    between ``boundary`` marker lines."""
+    b = shlex.quote(boundary)
+    lines = [
+        'd=$(mktemp -d "${TMPDIR:-/tmp}/pdlaunch-check.XXXXXX") || exit 99',
+        "trap 'rm -rf \"$d\"' EXIT",
+        "if command -v timeout >/dev/null 2>&1; then T=timeout; else T=; fi",
+    ]
+    for i, job in enumerate(jobs):
+        c = shlex.quote(job.command)
+        t = max(1, int(job.timeout + 0.999))
+        f = f'"$d/{i}'
+        lines.append(
+            f"printf '%s %d out\\n' {b} {i} >{f}.a\"; printf '\\n%s %d err\\n' {b} {i} >{f}.c\"; "
+            f'{{ if [ -n "$T" ]; then timeout -k 2 {t} sh -c {c}; else sh -c {c}; fi; '
+            f'printf \'\\n%s %d rc %d\\n\' {b} {i} $? >{f}.e"; }} </dev/null >{f}.b" 2>{f}.d" &'
+        )
+    lines.append("wait")
+    # every job's framing and output in one `cat` (few processes per host matter when many
+    # simulated hosts share one machine); a job that never finished has no .e file
+    files = " ".join(f'"$d/{i}.{x}"' for i in range(len(jobs)) for x in "abcde")
+    lines.append(f"cat {files} 2>/dev/null")
+    return "\n".join(lines) + "\n"
+
+
+def parse_batch(text: str, boundary: str, n: int) -> dict[int, CommandOutput]:
+    """Inverse of :func:`batch_script`: ``{job index: CommandOutput}`` for the jobs that
+    reported back."""
+    marker = re.compile(rf"^{re.escape(boundary)} (\d+) (out|err|rc)(?: (-?\d+))?$", re.M)
+    parts: dict[int, dict[str, Any]] = {}
+    matches = list(marker.finditer(text))
+    for k, m in enumerate(matches):
+        i, kind = int(m.group(1)), m.group(2)
+        slot = parts.setdefault(i, {})
+        if kind == "rc":
+            slot["rc"] = int(m.group(3)) if m.group(3) is not None else 255
+            continue
+        start = m.end() + 1
+        end = matches[k + 1].start() if k + 1 < len(matches) else len(text)
+        chunk = text[start:end]
+        slot[kind] = chunk[:-1] if chunk.endswith("\n") else chunk
+    return {
+        i: CommandOutput(s["rc"], s.get("out", ""), s.get("err", ""))
+        for i, s in parts.items()
+        if "rc" in s and i < n
+    }
+
+
+def run_jobs(host: Host, jobs: list[_Job], label: str) -> list[CheckResult]:
+    """Run ``jobs`` on ``host`` in one round trip and evaluate them."""
+    if not jobs:
+        return []
+    boundary = f"@@pdlaunch-check-{uuid.uuid4().hex}"
+    limit = max(j.timeout for j in jobs) + 15
+    try:
+        res = host.run(batch_script(jobs, boundary), timeout=limit)
+    except HostError as exc:
+        return [
+            CheckResult(
+                j.name,
+                j.target or label,
+                Status.FAIL,
+                f"probe could not run: {exc}",
+                "check the host is healthy and reachable, then rerun `pdlaunch check`",
+            )
+            for j in jobs
+        ]
+    outputs = parse_batch(res.stdout, boundary, len(jobs))
+    results: list[CheckResult] = []
+    for i, job in enumerate(jobs):
+        out = outputs.get(i)
+        if out is None:
+            detail = (res.stderr.strip() or res.stdout.strip())[-300:]
+            results.append(
+                CheckResult(
+                    job.name,
+                    job.target or label,
+                    Status.FAIL,
+                    f"probe produced no report (batch rc={res.rc}): {detail}",
+                    "the host needs a POSIX sh, mktemp and cat",
+                )
+            )
+        elif out.rc == TIMEOUT_RC:
+            results.append(
+                CheckResult(
+                    job.name,
+                    job.target or label,
+                    Status.FAIL if job.required else Status.WARN,
+                    f"probe timed out after {job.timeout:g}s",
+                    f"run it by hand on the host: {job.command[:160]}",
+                )
+            )
+        else:
+            results.extend(job.evaluate(out))
+    return results
+
+
+# ------------------------------------------------------------------------------- phases
+
+
+class _Pool:
+    """Hosts opened for the check: launch.HostPool (one connection per host, shared keys
+    policy) when available; closes only what it opened."""
+
+    def __init__(self, opts: CheckOptions, pool: Any = None):
+        self._own = pool is None
+        if pool is None:
+            from pdlaunch.launch import HostPool
+
+            kw: dict[str, Any] = {}
+            if opts.ssh_config:
+                kw["ssh_config"] = opts.ssh_config
+            pool = HostPool(
+                accept_new_host_keys=opts.accept_new_host_keys,
+                known_hosts=opts.known_hosts,
+                **kw,
+            )
+        self.pool = pool
+
+    def get(self, t: HostTarget) -> Host:
+        return self.pool.get(t.address, t.local, t.ssh)
+
+    def close(self) -> None:
+        if self._own:
+            self.pool.close()
+
+
+def _parallel(fn: Callable[[Any], Any], items: Iterable[Any], workers: int) -> list[Any]:
+    items = list(items)
+    if not items:
+        return []
+    if len(items) == 1:
+        return [fn(items[0])]
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(items)))) as ex:
+        return list(ex.map(fn, items))
+
+
+def _connect_fail(t: HostTarget) -> CheckResult:
+    port = t.ssh.get("port")
+    user = t.ssh.get("user")
+    login = f"{user + '@' if user else ''}{t.address}"
+    return CheckResult(
+        "host.connect",
+        t.label,
+        Status.FAIL,
+        t.error,
+        f"check the address and SSH settings in the topology, then try "
+        f"`ssh -p {port} {login} true`",
+    )
+
+
+def _skip_pair(label: str, probe: str, why: str) -> CheckResult:
+    return CheckResult(probe, label, Status.SKIP, f"not run: {why}")
+
+
+def run_check(plan: Plan, opts: CheckOptions | None = None, *, pool: Any = None) -> CheckReport:
+    """Check every host and pair of ``plan``; never raises for host problems."""
+    opts = opts or CheckOptions()
+    t0 = time.monotonic()
+    hosts = group_hosts(plan)
+    by_proc = {proc.name: t for t in hosts for proc in t.processes}
+    reaches = reach_pairs(plan)
+    pairs: list[str] = []
+    for r in reaches:
+        if r.label not in pairs:
+            pairs.append(r.label)
+    pools = _Pool(opts, pool)
+    opened: dict[tuple, Host] = {}
+    lock = threading.Lock()
+    try:
+        # -- phase 1: connect + host probes + reachability, one thread per host
+        def phase1(t: HostTarget) -> list[CheckResult]:
+            mine = [r for r in reaches if by_proc[r.source] is t]
+            try:
+                host = pools.get(t)
+            except HostError as exc:
+                t.reachable, t.error = False, str(exc)
+                return [_connect_fail(t)] + [
+                    _skip_pair(r.label, "ports.reach", f"{t.label} unreachable") for r in mine
+                ]
+            t.reachable = True
+            with lock:
+                opened[t.key] = host
+            jobs = _host_jobs(plan, t, opts)
+            if mine:
+                jobs.append(_reach_job(mine, _python(t), opts.reach_timeout))
+            return run_jobs(host, jobs, t.label)
+
+        per_host = _parallel(phase1, hosts, opts.max_workers)
+        results = [r for rs in per_host for r in rs]
+
+        # -- phase 2: pairs that need phase-1 facts or a peer process
+        if not opts.fast:
+            results += _ascend_pings(plan, hosts, by_proc, opened, results, opts, pairs)
+            if opts.bandwidth:
+                results += _bandwidth(plan, by_proc, opened, opts, pairs)
+
+        # -- cluster-wide
+        results += _cluster(hosts, results)
+    finally:
+        pools.close()
+    return CheckReport(results, hosts, pairs, time.monotonic() - t0, opts.fast)
+
+
+def _cluster(hosts: list[HostTarget], results: list[CheckResult]) -> list[CheckResult]:
+    out: list[CheckResult] = []
+    engine_hosts = {t.label for t in hosts if t.engines}
+    versions: dict[str, dict[str, Any]] = {}
+    for r in results:
+        if r.probe == "versions" and r.target in engine_hosts and "python" in r.data:
+            versions.setdefault(r.target, dict(r.data))
+    if len(engine_hosts) > 1:
+        missing = sorted(engine_hosts - set(versions))
+        rows = p.compare_versions(versions)
+        if missing and len(versions) >= 2:
+            rows.append(
+                CheckResult(
+                    "versions.cluster",
+                    "cluster",
+                    Status.WARN,
+                    f"versions not compared on {', '.join(missing)} (probe failed there)",
+                    "fix the versions probe on those hosts (see their rows)",
+                )
+            )
+        out += rows
+    tls: dict[str, dict[int, int]] = {}
+    for r in results:
+        if r.probe == "ascend.tls" and isinstance(r.data.get("tls"), Mapping):
+            tls[r.target] = {int(k): int(v) for k, v in r.data["tls"].items()}
+    if any("ascend" in t.devices for t in hosts):
+        out += p.compare_ascend_tls(tls)
+    return out
+
+
+def _npu_addresses(label: str, results: list[CheckResult]) -> dict[int, str]:
+    """Device IPs of a host's NPUs: live config (``ascend.ip``), else /etc/hccn.conf."""
+    live: dict[int, str] = {}
+    conf: dict[int, str] = {}
+    for r in results:
+        if r.target != label or r.status is not Status.OK:
+            continue
+        if r.probe == "ascend.ip" and "npu" in r.data and r.data.get("ip"):
+            live[int(r.data["npu"])] = str(r.data["ip"])
+        elif r.probe == "ascend.hccn_conf" and isinstance(r.data.get("addresses"), Mapping):
+            conf.update({int(k): str(v) for k, v in r.data["addresses"].items() if v})
+    return {**conf, **live}
+
+
+def _ascend_pings(
+    plan: Plan,
+    hosts: list[HostTarget],
+    by_proc: dict[str, HostTarget],
+    opened: dict[tuple, Host],
+    results: list[CheckResult],
+    opts: CheckOptions,
+    pairs: list[str],
+) -> list[CheckResult]:
+    probe = PROBES_BY_ID["ascend.ping"]
+    npu_prefill = [x for x in plan.by_role("prefill") if _device_kind(x) == "npu"]
+    npu_decode = [x for x in plan.by_role("decode") if _device_kind(x) == "npu"]
+    jobs: dict[tuple, list[_Job]] = {}
+    out: list[CheckResult] = []
+    for pf in npu_prefill:
+        src = by_proc[pf.name]
+        for d in npu_decode:
+            label = f"{pf.name} -> {d.name}"
+            if label not in pairs:
+                pairs.append(label)
+            dst = by_proc[d.name]
+            if not src.reachable:
+                out.append(_skip_pair(label, probe.id, f"{src.label} unreachable"))
+                continue
+            addrs = _npu_addresses(dst.label, results)
+            n = max(len(pf.devices), len(d.devices))
+            todo = []
+            for k in range(n):
+                dn = d.devices[k % len(d.devices)]
+                if dn in addrs:
+                    todo.append((pf.devices[k % len(pf.devices)], addrs[dn]))
+            if not todo:
+                out.append(
+                    _skip_pair(
+                        label,
+                        probe.id,
+                        f"device IPs of {d.name}'s NPUs unknown (see ascend.ip on {dst.label})",
+                    )
+                )
+                continue
+            jobs.setdefault(src.key, []).append(
+                _probe_job(probe, label, {"pairs": todo}, required=True)
+            )
+
+    def one(key: tuple) -> list[CheckResult]:
+        return run_jobs(opened[key], jobs[key], "")
+
+    for rs in _parallel(one, list(jobs), opts.max_workers):
+        out += rs
+    return out
+
+
+def _bandwidth(
+    plan: Plan,
+    by_proc: dict[str, HostTarget],
+    opened: dict[tuple, Host],
+    opts: CheckOptions,
+    pairs: list[str],
+) -> list[CheckResult]:
+    """``ib_write_bw`` per prefill host -> decode host (server on decode), one at a time:
+    the server listens on perftest's default port and measurements must not overlap."""
+    probe = PROBES_BY_ID["bandwidth.ib_write_bw"]
+    out: list[CheckResult] = []
+    done: set[tuple] = set()
+    for pf in plan.by_role("prefill"):
+        for d in plan.by_role("decode"):
+            src, dst = by_proc[pf.name], by_proc[d.name]
+            if "rdma" not in src.transports or "rdma" not in dst.transports:
+                continue
+            if (src.key, dst.key) in done:
+                continue
+            done.add((src.key, dst.key))
+            label = f"{pf.name} -> {d.name}"
+            if label not in pairs:
+                pairs.append(label)
+            if not (src.reachable and dst.reachable):
+                out.append(_skip_pair(label, probe.id, "a host of the pair is unreachable"))
+                continue
+            out += _one_bandwidth(
+                probe, label, opened[src.key], opened[dst.key], src, dst, d.host, opts
+            )
+    return out
+
+
+def _one_bandwidth(
+    probe: Probe,
+    label: str,
+    client: Host,
+    server: Host,
+    src: HostTarget,
+    dst: HostTarget,
+    server_address: str,
+    opts: CheckOptions,
+) -> list[CheckResult]:
+    sdev, cdev = _net_devices(dst), _net_devices(src)
+    sflag = f"-d {shlex.quote(sdev[0].split(':')[0])} " if sdev else ""
+    server_cmd = (
+        "command -v ib_write_bw >/dev/null 2>&1 || exit 127; "
+        f"exec timeout 45 ib_write_bw {sflag}-F -D 5 --report_gbits"
+    )
+    box: dict[str, Any] = {}
+
+    def serve() -> None:
+        try:
+            box["res"] = server.run(server_cmd, timeout=60)
+        except HostError as exc:
+            box["err"] = str(exc)
+
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+    time.sleep(1.0)
+    params: dict[str, Any] = {"server": server_address}
+    if cdev:
+        params["device"] = cdev[0].split(":")[0]
+    if opts.min_bandwidth_gbps is not None:
+        params["min_gbps"] = opts.min_bandwidth_gbps
+    if "res" in box and box["res"].rc == 127:
+        th.join()
+        return [
+            CheckResult(
+                probe.id, label, Status.SKIP, f"ib_write_bw not found on {dst.label} (server)"
+            )
+        ]
+    job = _probe_job(probe, label, params, required=False)
+    res = run_jobs(client, [job], label)
+    th.join(timeout=70)
+    return res
