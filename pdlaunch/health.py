@@ -140,6 +140,7 @@ def canary(
     try:
         p0 = tokens_by_source(prefill_health, "local_compute")
         d0 = tokens_by_source(decode_health, "external_kv_transfer")
+        dl0 = tokens_by_source(decode_health, "local_compute")
     except OSError as exc:
         return CanaryResult(False, f"cannot read engine /metrics before the canary: {exc}")
     # A fresh prefix (no prefix-cache hit) long enough to span several KV blocks.
@@ -165,15 +166,21 @@ def canary(
         try:
             p1 = tokens_by_source(prefill_health, "local_compute")
             d1 = tokens_by_source(decode_health, "external_kv_transfer")
+            dl1 = tokens_by_source(decode_health, "local_compute")
         except OSError as exc:
             return CanaryResult(False, f"cannot read engine /metrics after the canary: {exc}")
         if (p1 > p0 and d1 > d0) or time.monotonic() > deadline:
+            break
+        # Decode's stats for this request are in and it computed the whole prompt itself:
+        # conclusive, no need to wait for the rest of `settle`.
+        if d1 == d0 and dl1 - dl0 > 1:
             break
         time.sleep(0.1)
     details = {
         "latency_s": round(latency, 3),
         "prefill_local_compute_tokens": p1 - p0,
         "decode_external_kv_transfer_tokens": d1 - d0,
+        "decode_local_compute_tokens": dl1 - dl0,
         "usage": resp.get("usage"),
     }
     if d1 <= d0:
@@ -181,8 +188,9 @@ def canary(
             False,
             "canary was served but not disaggregated: decode's "
             f'{PROMPT_TOKENS_BY_SOURCE}{{source="external_kv_transfer"}} did not grow '
-            "(decode recomputed the prompt instead of loading prefill's KV: check the router "
-            "is in P/D mode and the KV connector handshake in the decode log)",
+            f"(+{dl1 - dl0:g} local_compute: decode recomputed the prompt instead of loading "
+            "prefill's KV; check the router is in P/D mode and the KV connector handshake in "
+            "the decode log)",
             details,
         )
     if p1 <= p0:

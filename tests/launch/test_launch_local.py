@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
 import sys
 import time
+
+import pytest
 
 from pdlaunch.state import DeploymentLock, load_state
 from tests.launch.helpers import SECRET_ENV, cli, procs_under, wait_no_procs
@@ -127,18 +130,15 @@ def test_canary_catches_non_disaggregated_serving(make_deployment):
     assert "canary failed" in res.output and "not disaggregated" in res.output
     assert 'source="external_kv_transfer"' in res.output
     assert wait_no_procs(dep.work_root) == []
-    # the same deployment without the canary comes up
-    res = cli("up", dep.path, "--no-canary", "--timeout", "30", "--json")
-    assert res.exit_code == 0, res.output
-    data = json.loads(res.stdout)
-    assert data["ok"] and data["canary"] is None
-    assert cli("down", "bypass").exit_code == 0
-    assert wait_no_procs(dep.work_root) == []
 
 
 def test_killed_process_shows_dead_in_status(make_deployment):
-    dep = make_deployment("killed")
-    assert cli("up", dep.path, "--no-canary", "--timeout", "30").exit_code == 0
+    dep = make_deployment("killed", router_env={"FAKE_ROUTER_MODE": "bypass"})
+    res = cli("up", dep.path, "--no-canary", "--timeout", "30", "--json")
+    assert res.exit_code == 0, res.output  # the canary would fail: --no-canary skips it
+    data = json.loads(res.stdout)
+    assert data["ok"] and data["changed"] and data["canary"] is None
+    assert data["endpoint"] == f"http://127.0.0.1:{dep.ports['router']}"
     decode = load_state("killed").process("decode-0")
     os.killpg(decode.pid, signal.SIGKILL)
     deadline = time.monotonic() + 5
@@ -235,4 +235,22 @@ def test_second_up_process_refused_and_down_after_killed_up(make_deployment, sta
     res = cli("down", dep.path, "--grace", "2")
     assert res.exit_code == 0, res.output
     assert "2 process(es) stopped" in res.output
+    assert wait_no_procs(dep.work_root) == []
+
+
+@pytest.mark.skipif(
+    shutil.which("vllm-router") is None or not os.environ.get("PDLAUNCH_TEST_REAL_ROUTER"),
+    reason="set PDLAUNCH_TEST_REAL_ROUTER=1 (and install vllm-router): its launcher imports "
+    "for seconds",
+)
+def test_canary_through_the_real_vllm_router(make_deployment):
+    """vllm-router (--vllm-pd-disaggregation) forwards prefill's kv_transfer_params to decode;
+    the fake engines count the prompt as external_kv_transfer only then."""
+    dep = make_deployment("realrouter")
+    dep.spec["router"]["binary"] = shutil.which("vllm-router")
+    dep.write()
+    res = cli("up", dep.path, "--timeout", "60")
+    assert res.exit_code == 0, res.output
+    assert "served disaggregated" in res.output
+    assert cli("down", dep.path).exit_code == 0
     assert wait_no_procs(dep.work_root) == []
