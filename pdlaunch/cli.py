@@ -166,3 +166,8 @@ def schema_cmd() -> None:
 
 def main() -> None:
     app()
+
+
+# Commands kept in their own modules register themselves on `app`; imported last because
+# they import `app` from here.
+from pdlaunch import cli_check, cli_launch  # noqa: E402, F401
