@@ -28,16 +28,18 @@ Behaviour is set by environment variables (topologies set them per instance via 
 
 from __future__ import annotations
 
-import argparse
+# Only light imports (no http.server, argparse): the benchmark starts 64 of these at once on
+# a small machine, so each one's start-up CPU counts.
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 503: "Service Unavailable"}
 
 
 def log(msg: str) -> None:
@@ -45,7 +47,7 @@ def log(msg: str) -> None:
     sys.stdout.flush()
 
 
-class State:
+class Engine:
     def __init__(self, model: str, host: str, port: int, no_kv: bool, unhealthy: bool):
         self.model = model
         self.host = host
@@ -76,130 +78,145 @@ class State:
             ]
         return "\n".join(lines) + "\n"
 
+    def get(self, path: str) -> tuple[int, str, bytes]:
+        if path == "/health":
+            return (503 if self.unhealthy else 200), "text/plain", b""
+        if path == "/metrics":
+            return 200, "text/plain; version=0.0.4", self.metrics().encode()
+        if path in ("/v1/models", "/models"):
+            return _json(200, {"object": "list", "data": [
+                {"id": self.model, "object": "model", "owned_by": "fake-vllm"}]})
+        if path == "/version":
+            return _json(200, {"version": "0.0.0-fake"})
+        return _json(404, {"error": f"no route {path}"})
 
-def make_handler(state: State):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, fmt, *args):  # one line per request, on stdout (the log file)
-            log(f"{self.command} {self.path} -> {args[1] if len(args) > 1 else ''}")
-
-        def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _json(self, code: int, obj: object) -> None:
-            self._send(code, json.dumps(obj).encode())
-
-        def do_GET(self):
-            path = self.path.split("?", 1)[0]
-            if path == "/health":
-                if state.unhealthy:
-                    self._send(503, b"")
-                else:
-                    self._send(200, b"")
-            elif path == "/metrics":
-                self._send(200, state.metrics().encode(), "text/plain; version=0.0.4")
-            elif path in ("/v1/models", "/models"):
-                self._json(200, {"object": "list", "data": [
-                    {"id": state.model, "object": "model", "owned_by": "fake-vllm"}]})
-            elif path == "/version":
-                self._json(200, {"version": "0.0.0-fake"})
+    def post(self, path: str, raw: bytes) -> tuple[int, str, bytes]:
+        try:
+            req = json.loads(raw or b"{}")
+        except ValueError:
+            return _json(400, {"error": "bad json"})
+        if path not in ("/v1/completions", "/v1/chat/completions"):
+            return _json(404, {"error": f"no route {path}"})
+        if req.get("model") not in (None, self.model):
+            return _json(404, {"error": {"message": f"model {req.get('model')} not found"}})
+        if path == "/v1/chat/completions":
+            prompt = " ".join(str(m.get("content", "")) for m in req.get("messages", []))
+        else:
+            prompt = req.get("prompt", "")
+            if isinstance(prompt, list):
+                prompt = " ".join(map(str, prompt))
+        n = max(1, len(str(prompt).split()))
+        kv = {} if self.no_kv else (req.get("kv_transfer_params") or {})
+        out_kv = None
+        with self.lock:
+            self.requests += 1
+            if kv.get("do_remote_decode"):  # prefill for a remote decode
+                self.tokens["local_compute"] += n
+                blocks = list(range(self.next_block, self.next_block + max(1, n // 16)))
+                self.next_block += len(blocks)
+                out_kv = {
+                    "do_remote_prefill": True,
+                    "do_remote_decode": False,
+                    "remote_block_ids": blocks,
+                    "remote_engine_id": f"fake-{self.port}",
+                    "remote_host": self.host,
+                    "remote_port": self.port,
+                    "tp_size": 1,
+                }
+                max_tokens = 1
+            elif kv.get("remote_block_ids") is not None:  # decode of a remote prefill
+                self.tokens["external_kv_transfer"] += n - 1
+                self.tokens["local_compute"] += 1
+                max_tokens = int(req.get("max_tokens") or 16)
             else:
-                self._json(404, {"error": f"no route {path}"})
+                self.tokens["local_compute"] += n
+                max_tokens = int(req.get("max_tokens") or 16)
+            count = self.requests
+        text = " tok" * max_tokens
+        if path == "/v1/chat/completions":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "finish_reason": "length"}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+        return _json(200, {
+            "id": f"cmpl-fake-{count}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [choice],
+            "usage": {"prompt_tokens": n, "completion_tokens": max_tokens,
+                      "total_tokens": n + max_tokens},
+            "kv_transfer_params": out_kv,
+        })
 
-        def do_POST(self):
-            path = self.path.split("?", 1)[0]
-            length = int(self.headers.get("Content-Length") or 0)
-            try:
-                req = json.loads(self.rfile.read(length) or b"{}")
-            except ValueError:
-                self._json(400, {"error": "bad json"})
-                return
-            if path not in ("/v1/completions", "/v1/chat/completions"):
-                self._json(404, {"error": f"no route {path}"})
-                return
-            if req.get("model") not in (None, state.model):
-                self._json(404, {"error": {"message": f"model {req.get('model')} not found"}})
-                return
-            if path == "/v1/chat/completions":
-                prompt = " ".join(str(m.get("content", "")) for m in req.get("messages", []))
-            else:
-                prompt = req.get("prompt", "")
-                if isinstance(prompt, list):
-                    prompt = " ".join(map(str, prompt))
-            n = max(1, len(str(prompt).split()))
-            kv = req.get("kv_transfer_params") or {}
-            if state.no_kv:
-                kv = {}
-            out_kv = None
-            with state.lock:
-                state.requests += 1
-                if kv.get("do_remote_decode"):
-                    state.tokens["local_compute"] += n
-                    blocks = list(range(state.next_block, state.next_block + max(1, n // 16)))
-                    state.next_block += len(blocks)
-                    out_kv = {
-                        "do_remote_prefill": True,
-                        "do_remote_decode": False,
-                        "remote_block_ids": blocks,
-                        "remote_engine_id": f"fake-{state.port}",
-                        "remote_host": state.host,
-                        "remote_port": state.port,
-                        "tp_size": 1,
-                    }
-                    max_tokens = 1
-                elif kv.get("remote_block_ids") is not None:
-                    state.tokens["external_kv_transfer"] += n - 1
-                    state.tokens["local_compute"] += 1
-                    max_tokens = int(req.get("max_tokens") or 16)
-                else:
-                    state.tokens["local_compute"] += n
-                    max_tokens = int(req.get("max_tokens") or 16)
-            text = " tok" * max_tokens
-            if path == "/v1/chat/completions":
-                choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                          "finish_reason": "length"}
-            else:
-                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
-            self._json(200, {
-                "id": f"cmpl-fake-{state.requests}",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": state.model,
-                "choices": [choice],
-                "usage": {"prompt_tokens": n, "completion_tokens": max_tokens,
-                          "total_tokens": n + max_tokens},
-                "kv_transfer_params": out_kv,
-            })
 
-    return Handler
+def _json(code: int, obj: object) -> tuple[int, str, bytes]:
+    return code, "application/json", json.dumps(obj).encode()
+
+
+def _handle(conn: socket.socket, engine: Engine) -> None:
+    """One HTTP/1.1 request per connection (answered with Connection: close)."""
+    try:
+        conn.settimeout(30)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return
+            data += chunk
+        head, body = data.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        method, target = lines[0].split(" ")[:2]
+        pairs = (x.partition(":") for x in lines[1:])
+        headers = {k.strip().lower(): v.strip() for k, _, v in pairs}
+        length = int(headers.get("content-length") or 0)
+        while len(body) < length:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+        path = target.split("?", 1)[0]
+        if method == "POST":
+            code, ctype, out = engine.post(path, body[:length])
+        else:
+            code, ctype, out = engine.get(path)
+        log(f"{method} {path} -> {code}")
+        conn.sendall(
+            f"HTTP/1.1 {code} {REASONS.get(code, 'Error')}\r\nContent-Type: {ctype}\r\n"
+            f"Content-Length: {len(out)}\r\nConnection: close\r\n\r\n".encode() + out
+        )
+    except (OSError, ValueError):
+        pass
+    finally:
+        conn.close()
+
+
+def _option(argv: list[str], name: str, default: str | None = None) -> str | None:
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return default
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="fake_vllm.py")
-    p.add_argument("command", choices=["serve"])
-    p.add_argument("model")
-    p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", default=None)
-    p.add_argument("--headless", action="store_true")
-    args, _unknown = p.parse_known_args(argv)
+    if len(argv) < 2 or argv[0] != "serve":
+        sys.stderr.write("usage: fake_vllm.py serve MODEL [--host H] [--port P] ...\n")
+        return 2
+    host = _option(argv, "--host", "0.0.0.0")
+    port = int(_option(argv, "--port", "8000"))
+    model = _option(argv, "--served-model-name") or argv[1]
+    headless = "--headless" in argv
     mode = os.environ.get("FAKE_VLLM_MODE", "ok")
-    model = args.served_model_name or args.model
-    log(f"starting: model={model} host={args.host} port={args.port} mode={mode}")
+    log(f"starting: model={model} host={host} port={port} mode={mode}")
 
-    missing = [
-        name for name in filter(None, os.environ.get("FAKE_VLLM_REQUIRE_ENV", "").split(","))
-        if not os.environ.get(name)
-    ]
+    required = [n for n in os.environ.get("FAKE_VLLM_REQUIRE_ENV", "").split(",") if n]
+    missing = [name for name in required if not os.environ.get(name)]
     if missing:
         log(f"error: required variable(s) not set: {', '.join(missing)}")
         return 4
-    for name in filter(None, os.environ.get("FAKE_VLLM_REQUIRE_ENV", "").split(",")):
+    for name in required:
         log(f"required variable {name} is set")
 
     delay = float(os.environ.get("FAKE_VLLM_DELAY", "0") or 0)
@@ -210,22 +227,32 @@ def main(argv: list[str]) -> int:
         return 3
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    if mode == "hang" or args.headless:
+    if mode == "hang" or headless:
         log("not listening (hang/headless)")
         while not stop.wait(3600):
             pass
         return 0
 
-    state = State(model, args.host, args.port, no_kv=mode == "no_kv",
-                  unhealthy=mode == "unhealthy")
-    ThreadingHTTPServer.allow_reuse_address = True
-    ThreadingHTTPServer.daemon_threads = True
-    server = ThreadingHTTPServer((args.host, args.port), make_handler(state))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    log(f"serving on http://{args.host}:{args.port}")
+    engine = Engine(model, host, port, no_kv=mode == "no_kv", unhealthy=mode == "unhealthy")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    srv = socket.socket(family, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((host, port))
+    srv.listen(128)
+
+    def accept_loop() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=_handle, args=(conn, engine), daemon=True).start()
+
+    threading.Thread(target=accept_loop, daemon=True).start()
+    log(f"serving on http://{host}:{port}")
     stop.wait()
     log("terminated")
-    server.shutdown()
+    srv.close()
     return 0
 
 
