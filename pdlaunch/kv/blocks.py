@@ -39,7 +39,7 @@ LAYOUT_FROM_VLLM: dict[str, str] = {v: k for k, v in VLLM_LAYOUT_NAMES.items()}
 
 # Scratch budget per chunk: small enough to stay cache resident on a CPU,
 # large enough to amortise kernel launches on a GPU.
-_DEFAULT_SCRATCH_BYTES = {"cpu": 1 << 20, "cuda": 64 << 20}
+_DEFAULT_SCRATCH_BYTES = {"cpu": 512 << 10, "cuda": 64 << 20}
 
 
 def _check_layout(layout: str) -> None:
@@ -184,6 +184,23 @@ def _convert_(
     ids = _normalise_ids(block_ids, num_blocks)
     if not ids:
         return 0
+    sub_local = {src_fmt, dst_fmt} == {"NHD", "HND_SUB"}
+    if r > 1 and sub_local and flat.stride(0) == page:
+        # An NHD page is r token-major sub-blocks, so NHD <-> HND sub-pages
+        # converts each sub-block on its own: work on sub-pages, which lets the
+        # scratch stay small and cache-resident.
+        sub = flat.view(num_blocks * r, page // r)
+        _convert_(
+            sub,
+            [i * r + j for i in ids for j in range(r)],
+            block_size=agreed,
+            num_heads=num_heads,
+            agreed=agreed,
+            src_fmt=src_fmt,
+            dst_fmt=dst_fmt,
+            scratch_bytes=scratch_bytes,
+        )
+        return len(ids)
     if scratch_bytes is None:
         scratch_bytes = _DEFAULT_SCRATCH_BYTES.get(flat.device.type, 16 << 20)
     page_bytes = page * flat.element_size()
