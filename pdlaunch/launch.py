@@ -338,6 +338,7 @@ class _Run:
     ):
         self.plan = plan
         self.grace = grace
+        self.uploaded = False
         self.state = state
         self.pool = pool
         self.reporter = reporter
@@ -646,6 +647,7 @@ def _up_steps(
             [Failure("(host)", h, e) for h, e in errors.items()],
         )
     reporter.step("uploading scripts")
+    run.uploaded = True
     try:
         run.prepare(files)
     except HostError as exc:
@@ -699,6 +701,9 @@ def _up_steps(
 
 def _rollback(run: _Run, exc: BaseException, reporter: Reporter) -> None:
     if not run.state.started():
+        if run.uploaded and any(p.secret_env for p in run.plan.processes):
+            # Nothing runs, but secret env files may have been written: take them back.
+            stop_processes(run.state, run.pool, Reporter(), grace=0)
         remove_state(run.plan.deployment)
         return
     reporter.step("rolling back: stopping what this run started")

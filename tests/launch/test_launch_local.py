@@ -254,3 +254,16 @@ def test_canary_through_the_real_vllm_router(make_deployment):
     assert "served disaggregated" in res.output
     assert cli("down", dep.path).exit_code == 0
     assert wait_no_procs(dep.work_root) == []
+
+
+def test_unwritable_work_dir_fails_before_starting(make_deployment, monkeypatch, tmp_path):
+    monkeypatch.setenv(SECRET_ENV, "x")
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    dep = make_deployment("nodir", env={"HF_TOKEN": "${env:" + SECRET_ENV + "}"})
+    dep.spec["defaults"]["work_dir"] = str(blocker / "work")
+    dep.write()
+    res = cli("up", dep.path)
+    assert res.exit_code == 1
+    assert "preparing the hosts failed" in res.output and "nothing was started" in res.output
+    assert load_state("nodir") is None
