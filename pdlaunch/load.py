@@ -115,9 +115,27 @@ def _walk(node: yaml.Node, path: FieldPath, lines: dict[FieldPath, int]) -> None
             _walk(item, (*path, i), lines)
 
 
+MAX_DEPTH = 64
+
+
+def _check_depth(text: str, file: str) -> None:
+    """Refuse absurd nesting before composing: libyaml's composer recurses and can crash the
+    process on tens of thousands of levels; the event stream is flat."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_LOADER):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                line = event.start_mark.line + 1 if event.start_mark else None
+                raise LoadError([Problem(file, line, "", "nested too deeply to be a topology")])
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
 def parse_text(text: str, file: str) -> tuple[Any, Source]:
     source = Source(file)
     try:
+        _check_depth(text, file)
         # One document only; aliases/anchors are fine, custom tags are not (SafeLoader).
         node = yaml.compose(text, Loader=_LOADER)
     except yaml.MarkedYAMLError as exc:
@@ -205,8 +223,12 @@ def read_text(path: Path) -> str:
 
 
 def load_text(text: str, file: str = "<text>") -> tuple[Topology, Source]:
-    data, source = parse_text(text, file)
-    return validate_data(data, source), source
+    try:
+        data, source = parse_text(text, file)
+        return validate_data(data, source), source
+    except RecursionError:
+        # A topology is a few levels deep; thousands of nested brackets are not one.
+        raise LoadError([Problem(file, None, "", "nested too deeply to be a topology")]) from None
 
 
 def load(path: str | Path) -> tuple[Topology, Source]:

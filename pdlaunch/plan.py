@@ -186,10 +186,8 @@ def kv_transfer_config(topo: Topology, node: Node) -> dict[str, Any]:
             "kv_connector": kvc.mooncake.connector,
             "kv_buffer_device": buffer,
             "kv_role": "kv_producer" if node.role == "prefill" else "kv_consumer",
-            "kv_parallel_size": 1,
             "kv_port": str(mc[0]),
             "engine_id": mc[1],
-            "kv_rank": 0 if node.role == "prefill" else 1,
             "kv_connector_module_path": kvc.mooncake.module_path,
             "kv_connector_extra_config": {
                 role: {"dp_size": insts[0].dp.size, "tp_size": insts[0].tp}

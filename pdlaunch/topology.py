@@ -93,10 +93,16 @@ class Defaults(Strict):
     _env = field_validator("env")(_check_env)
 
 
+# Upper bounds keep derived lists (devices, ports per rank) small: no real deployment has
+# more, and an unbounded `tp: 1000000000` must be an error, not an out-of-memory.
+MAX_TP = 512
+MAX_DP = 4096
+
+
 class DataParallel(Strict):
-    size: PositiveInt = 1
-    local_size: PositiveInt | None = Field(
-        None, description="DP ranks per node (default: size / number of hosts)"
+    size: int = Field(1, ge=1, le=MAX_DP)
+    local_size: int | None = Field(
+        None, ge=1, le=MAX_DP, description="DP ranks per node (default: size / number of hosts)"
     )
     master_address: str | None = Field(None, description="Default: the instance's first host")
     rpc_port: Port = 13345
@@ -117,10 +123,12 @@ class Instance(Strict):
     kv_cache_dtype: str | None = Field(None, description="Overrides model.kv_cache_dtype")
     port: Port = 8000
     bind: str = Field("0.0.0.0", description="--host for vllm serve")
-    tp: PositiveInt = 1
+    tp: int = Field(1, ge=1, le=MAX_TP)
     dp: DataParallel = Field(default_factory=DataParallel)
-    devices: list[int] | None = Field(
-        None, description="Device indices on each host (default: 0..TP*local DP-1)"
+    devices: list[Annotated[int, Field(ge=0, le=65535)]] | None = Field(
+        None,
+        max_length=MAX_DP,
+        description="Device indices on each host (default: 0..TP*local DP-1); CPU cores on cpu",
     )
     kv_layout: KvLayout | None = Field(None, description="Default: the device's preferred layout")
     block_size: PositiveInt | None = Field(None, description="Default: the device's default")
