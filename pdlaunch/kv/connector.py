@@ -284,6 +284,12 @@ def check_config(
             )
     except (TypeError, ValueError):
         errors.append(f"{KEY_DECODE_BLOCK_SIZES} must be a list of ints, got {raw_decode!r}")
+    if not decode_sizes:
+        errors.append(
+            f"set kv_connector_extra_config.{KEY_DECODE_BLOCK_SIZES} to the decode block "
+            "size(s) this prefill serves, so a mismatch is refused here and not later "
+            "inside decode's handshake thread"
+        )
     if block_size is None:
         errors.append("set --block-size explicitly on the prefill instance")
     elif agreed is None and decode_sizes:

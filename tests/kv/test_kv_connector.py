@@ -156,6 +156,7 @@ def test_refuses_missing_agreed_and_bad_layout():
     )
     msg = refusal(vllm_config(ktc=ktc))
     assert "agreed_block_size" in msg and "decode_kv_layout" in msg
+    assert "decode_block_sizes" in msg
 
 
 def test_refuses_consumer_role_and_hybrid_models():
