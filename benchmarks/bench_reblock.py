@@ -68,7 +68,7 @@ def run_case(args, pattern: str, seed: int = 0) -> dict:
 
     fns = {
         "copy": lambda: dst.copy_(src),
-        "reblock": lambda: kb.reblock_(cache, ids, **kw),
+        "reblock": lambda: kb.reblock_(cache, ids, scratch_bytes=args.scratch_bytes, **kw),
         "upstream": lambda: kb.reblock_upstream_style_(cache, ids, **kw),
     }
     for fn in fns.values():  # warm-up
@@ -105,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pattern", choices=["contiguous", "scattered", "both"], default="both")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument(
+        "--scratch-kib", type=int, default=None, help="re-block scratch (default: per device)"
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write results here")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -115,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         args.repeats = 7 if args.device == "cpu" else 30
     if args.threads:
         torch.set_num_threads(args.threads)
+    args.scratch_bytes = None if args.scratch_kib is None else args.scratch_kib * 1024
 
     patterns = ["contiguous", "scattered"] if args.pattern == "both" else [args.pattern]
     results = [run_case(args, p) for p in patterns]
