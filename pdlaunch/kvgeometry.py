@@ -65,7 +65,9 @@ def prefill_kv(topo: Topology, inst: Instance) -> PrefillKv:
     needs = size > agreed or (layout == "NHD" and "HND" in decode_layouts(topo))
     if topo.kv_connector.kind != "nixl" or not needs:
         return PrefillKv(False, size, layout)
-    return PrefillKv(True, agreed, "HND")
+    # NHD pages feeding only NHD decodes are already sub-pages (the extension's alias mode).
+    alias = layout == "NHD" and decode_layouts(topo) == {"NHD"}
+    return PrefillKv(True, agreed, "NHD" if alias else "HND")
 
 
 def any_reblock(topo: Topology) -> bool:

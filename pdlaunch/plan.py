@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from pdlaunch import kv as kv_extension
 from pdlaunch import kvgeometry as kv
 from pdlaunch.devices import profile
 from pdlaunch.ports import (
@@ -28,9 +29,9 @@ from pdlaunch.ports import (
 from pdlaunch.topology import SECRET_REF, HostSettings, Ssh, Topology
 
 # The KV extension inside this package (pdlaunch/kv/connector.py), loaded by vLLM on the
-# prefill nodes through kv_connector_module_path.
-KV_EXTENSION_MODULE = "pdlaunch.kv.connector"
-KV_EXTENSION_CLASS = "PdlaunchNixlConnector"
+# prefill nodes through kv_connector_module_path. pdlaunch.kv's root imports no torch/vLLM.
+KV_EXTENSION_MODULE = kv_extension.CONNECTOR_MODULE_PATH
+KV_EXTENSION_CLASS = kv_extension.CONNECTOR_CLASS
 
 ProcessRole = Literal["prefill", "decode", "router"]
 
@@ -215,6 +216,10 @@ def kv_transfer_config(topo: Topology, node: Node) -> dict[str, Any]:
         extra["enforce_handshake_compat"] = compat
     if kv.heterogeneous_blocks(topo) or kvc.agreed_block_size != "auto":
         extra["agreed_block_size"] = kv.agreed_block_size(topo)
+    if reblock:
+        adv = kv.prefill_kv(topo, inst)
+        extra[kv_extension.KEY_DECODE_BLOCK_SIZES] = sorted({kv.block_size(d) for d in topo.decode})
+        extra[kv_extension.KEY_DECODE_KV_LAYOUT] = adv.layout
     if extra:
         cfg["kv_connector_extra_config"] = extra
     return cfg

@@ -44,6 +44,8 @@ def test_gaudi_prefill_uses_extension_and_agreed_16():
     assert cfg["kv_connector_extra_config"] == {
         "enforce_handshake_compat": False,
         "agreed_block_size": 16,
+        "decode_block_sizes": [16],
+        "decode_kv_layout": "HND",
     }
     assert "--no-enable-prefix-caching" in p.argv
     assert "--no-enable-prefix-caching" not in d.argv
@@ -135,3 +137,21 @@ router: {host: h3}
     assert (p.ssh.user, p.ssh.port) == ("u2", 2222)
     assert d.ssh.user == "u3" and d.work_dir == "/x/t" and p.work_dir == "/w/t"
     assert not p.local
+
+
+def test_nhd_to_nhd_uses_alias_mode_without_permute():
+    topo, _ = load_text(
+        """
+deployment: t
+model: {name: m}
+prefill: [{host: a, device: hpu, block_size: 128}]
+decode: [{host: b, device: hpu, block_size: 16}]
+router: {host: c}
+""",
+        "t.yaml",
+    )
+    plan = build_plan(topo)
+    p, d = plan.by_role("prefill")[0], plan.by_role("decode")[0]
+    extra = kv_config(p)["kv_connector_extra_config"]
+    assert extra["decode_kv_layout"] == "NHD" and extra["agreed_block_size"] == 16
+    assert "enable_permute_local_kv" not in kv_config(d)
