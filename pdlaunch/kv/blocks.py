@@ -163,8 +163,52 @@ def _normalise_ids(block_ids: Iterable[int] | torch.Tensor, num_blocks: int) -> 
     return ids
 
 
+def _convert_flat_(
+    flat: torch.Tensor,
+    runs: list[tuple[int, int]],
+    n_ids: int,
+    idx_all: torch.Tensor | None,
+    *,
+    r: int,
+    agreed: int,
+    num_heads: int,
+    src_fmt: str,
+    dst_fmt: str,
+    scratch_bytes: int | None,
+) -> None:
+    """Convert the pages of ``flat`` ([n, P] view) listed by ``runs`` in place."""
+    page = flat.shape[1]
+    if scratch_bytes is None:
+        scratch_bytes = _DEFAULT_SCRATCH_BYTES.get(flat.device.type, 16 << 20)
+    cap = max(1, scratch_bytes // (page * flat.element_size()))
+    scratch = torch.empty((min(cap, n_ids), page), dtype=flat.dtype, device=flat.device)
+
+    def convert(dst_pages: torch.Tensor, src_pages: torch.Tensor) -> None:
+        _tok_view(dst_pages, dst_fmt, r, agreed, num_heads).copy_(
+            _tok_view(src_pages, src_fmt, r, agreed, num_heads)
+        )
+
+    if idx_all is None:
+        # Few runs: slice-copy each run into scratch, permute-copy it back.
+        for start, length in runs:
+            for off in range(0, length, cap):
+                n = min(cap, length - off)
+                dst = flat[start + off : start + off + n]
+                scratch[:n].copy_(dst)
+                convert(dst, scratch[:n])
+    else:
+        # Fragmented ids: gather a chunk, permute it in scratch, scatter back.
+        tmp = torch.empty_like(scratch)
+        for off in range(0, n_ids, cap):
+            idx = idx_all[off : off + cap]
+            n = idx.numel()
+            torch.index_select(flat, 0, idx, out=scratch[:n])
+            convert(tmp[:n], scratch[:n])
+            flat.index_copy_(0, idx, tmp[:n])
+
+
 def _convert_(
-    cache: torch.Tensor,
+    caches: Sequence[torch.Tensor],
     block_ids: Iterable[int] | torch.Tensor,
     *,
     block_size: int,
@@ -174,69 +218,77 @@ def _convert_(
     dst_fmt: str,
     scratch_bytes: int | None,
 ) -> int:
-    flat = page_view(cache)
-    num_blocks, page = flat.shape
+    flats = [page_view(c) for c in caches]
+    if not flats:
+        return 0
+    num_blocks = flats[0].shape[0]
+    if any(f.shape[0] != num_blocks for f in flats):
+        raise ValueError("all caches must have the same number of blocks")
     r = reblock_ratio(block_size, agreed)
-    if page % (block_size * num_heads):
-        raise ValueError(
-            f"page of {page} elements is not {block_size} tokens × {num_heads} heads × C"
-        )
+    for f in flats:
+        if f.shape[1] % (block_size * num_heads):
+            raise ValueError(
+                f"page of {f.shape[1]} elements is not {block_size} tokens × {num_heads} heads × C"
+            )
+    # The id plan is computed once for every layer.
     ids = _normalise_ids(block_ids, num_blocks)
     if not ids:
         return 0
-    sub_local = {src_fmt, dst_fmt} == {"NHD", "HND_SUB"}
-    if r > 1 and sub_local and flat.stride(0) == page:
-        # An NHD page is r token-major sub-blocks, so NHD <-> HND sub-pages
-        # converts each sub-block on its own: work on sub-pages, which lets the
-        # scratch stay small and cache-resident.
-        sub = flat.view(num_blocks * r, page // r)
-        _convert_(
-            sub,
-            [i * r + j for i in ids for j in range(r)],
-            block_size=agreed,
-            num_heads=num_heads,
-            agreed=agreed,
-            src_fmt=src_fmt,
-            dst_fmt=dst_fmt,
-            scratch_bytes=scratch_bytes,
-        )
-        return len(ids)
-    if scratch_bytes is None:
-        scratch_bytes = _DEFAULT_SCRATCH_BYTES.get(flat.device.type, 16 << 20)
-    page_bytes = page * flat.element_size()
-    cap = max(1, scratch_bytes // page_bytes)
-    scratch = torch.empty((min(cap, len(ids)), page), dtype=flat.dtype, device=flat.device)
-
-    def convert(dst_pages: torch.Tensor, n: int) -> None:
-        src = _tok_view(scratch[:n], src_fmt, r, agreed, num_heads)
-        _tok_view(dst_pages, dst_fmt, r, agreed, num_heads).copy_(src)
-
     runs = _runs(ids)
-    if len(runs) <= max(8, len(ids) // 4):
-        # Few runs: slice-copy each run into scratch, permute-copy it back.
-        for start, length in runs:
-            for off in range(0, length, cap):
-                n = min(cap, length - off)
-                dst = flat[start + off : start + off + n]
-                scratch[:n].copy_(dst)
-                convert(dst, n)
-    else:
-        # Fragmented ids: gather a chunk, permute it in scratch, scatter back.
-        idx_all = torch.tensor(ids, dtype=torch.long, device=flat.device)
-        tmp = torch.empty_like(scratch)
-        for off in range(0, len(ids), cap):
-            idx = idx_all[off : off + cap]
-            n = idx.numel()
-            torch.index_select(flat, 0, idx, out=scratch[:n])
-            _tok_view(tmp[:n], dst_fmt, r, agreed, num_heads).copy_(
-                _tok_view(scratch[:n], src_fmt, r, agreed, num_heads)
+    fragmented = len(runs) > max(8, len(ids) // 4)
+    sub_local = r > 1 and {src_fmt, dst_fmt} == {"NHD", "HND_SUB"}
+    idx_cache: dict[tuple[torch.device, bool], torch.Tensor] = {}
+
+    def index(device: torch.device, expand: bool) -> torch.Tensor | None:
+        if not fragmented:
+            return None
+        if (device, expand) not in idx_cache:
+            idx = torch.tensor(ids, dtype=torch.long, device=device)
+            if expand:
+                idx = (idx[:, None] * r + torch.arange(r, device=device)).reshape(-1)
+            idx_cache[(device, expand)] = idx
+        return idx_cache[(device, expand)]
+
+    for flat in flats:
+        page = flat.shape[1]
+        if sub_local and flat.stride(0) == page:
+            # An NHD page is r token-major sub-blocks, so NHD <-> HND sub-pages
+            # converts each sub-block on its own: work on sub-pages, which lets
+            # the scratch stay small and cache-resident.
+            _convert_flat_(
+                flat.view(num_blocks * r, page // r),
+                [(s * r, n * r) for s, n in runs],
+                len(ids) * r,
+                index(flat.device, True),
+                r=1,
+                agreed=agreed,
+                num_heads=num_heads,
+                src_fmt=src_fmt,
+                dst_fmt=dst_fmt,
+                scratch_bytes=scratch_bytes,
             )
-            flat.index_copy_(0, idx, tmp[:n])
+        else:
+            _convert_flat_(
+                flat,
+                runs,
+                len(ids),
+                index(flat.device, False),
+                r=r,
+                agreed=agreed,
+                num_heads=num_heads,
+                src_fmt=src_fmt,
+                dst_fmt=dst_fmt,
+                scratch_bytes=scratch_bytes,
+            )
     return len(ids)
 
 
+def _as_list(cache: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [cache] if isinstance(cache, torch.Tensor) else list(cache)
+
+
 def reblock_(
-    cache: torch.Tensor,
+    cache: torch.Tensor | Sequence[torch.Tensor],
     block_ids: Iterable[int] | torch.Tensor,
     *,
     block_size: int,
@@ -248,7 +300,8 @@ def reblock_(
 ) -> int:
     """Re-block ``block_ids`` of ``cache`` in place into ``agreed``-token sub-pages.
 
-    ``cache``: dim 0 indexes blocks, each page dense (see :func:`page_view`),
+    ``cache``: one layer's cache or a list of layers' caches (the id plan is
+    then computed once); dim 0 indexes blocks, each page dense (see :func:`page_view`),
     ``block_size`` tokens × ``num_heads`` heads × C per page in ``src_layout``.
     Afterwards each listed page holds ``block_size // agreed`` sub-pages in
     ``dst_layout``.  Duplicate ids are converted once.  Returns the number of
@@ -256,10 +309,11 @@ def reblock_(
     """
     r = reblock_ratio(block_size, agreed)
     if is_alias(src_layout, dst_layout, r):
-        page_view(cache)  # still validate the geometry
+        for c in _as_list(cache):
+            page_view(c)  # still validate the geometry
         return 0
     return _convert_(
-        cache,
+        _as_list(cache),
         block_ids,
         block_size=block_size,
         num_heads=num_heads,
@@ -271,7 +325,7 @@ def reblock_(
 
 
 def unreblock_(
-    cache: torch.Tensor,
+    cache: torch.Tensor | Sequence[torch.Tensor],
     block_ids: Iterable[int] | torch.Tensor,
     *,
     block_size: int,
@@ -288,10 +342,11 @@ def unreblock_(
     """
     r = reblock_ratio(block_size, agreed)
     if is_alias(dst_layout, src_layout, r):
-        page_view(cache)
+        for c in _as_list(cache):
+            page_view(c)
         return 0
     return _convert_(
-        cache,
+        _as_list(cache),
         block_ids,
         block_size=block_size,
         num_heads=num_heads,

@@ -569,16 +569,15 @@ class PdlaunchNixlWorker(NixlPullConnectorWorker):
         per_logical = self._physical_blocks_per_logical_kv_block
         for logical_ids, num_tokens in work.values():
             ids.extend(logical_to_kernel_ids(logical_ids, num_tokens, self.block_size, per_logical))
-        for cache in self._reblock_caches:
-            kvblocks.reblock_(
-                cache,
-                ids,
-                block_size=self.block_size,
-                num_heads=self._num_heads,
-                agreed=self.settings.agreed_block_size,
-                src_layout=self.src_layout,
-                dst_layout=self.dst_layout,
-            )
+        kvblocks.reblock_(
+            self._reblock_caches,
+            ids,
+            block_size=self.block_size,
+            num_heads=self._num_heads,
+            agreed=self.settings.agreed_block_size,
+            src_layout=self.src_layout,
+            dst_layout=self.dst_layout,
+        )
         return len(ids)
 
 

@@ -238,3 +238,27 @@ def test_package_root_does_not_import_torch():
         "assert c['kv_connector_module_path'] == 'pdlaunch.kv.connector', c"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("src", ["NHD", "HND"])
+@pytest.mark.parametrize("scratch_pages", [1, 3, 1000])
+def test_fragmented_ids_and_layer_lists(src, scratch_pages):
+    """Many isolated ids take the gather/scatter path; a list of layers shares one plan."""
+    nb, B, H, C, agreed = 48, 32, 2, 4, 8
+    ids = [*range(3, nb, 2), 0]  # 23 isolated blocks + block 0
+    layers = [make_cache(nb, B, H, C, src, torch.float16, True, 0, seed=s)[1] for s in (3, 4)]
+    before = [kb.page_view(c).clone() for c in layers]
+    page_bytes = before[0].shape[1] * 2
+    moved = kb.reblock_(
+        layers,
+        ids,
+        block_size=B,
+        num_heads=H,
+        agreed=agreed,
+        src_layout=src,
+        scratch_bytes=scratch_pages * page_bytes,
+    )
+    assert moved == len(ids)
+    for cache, old in zip(layers, before, strict=True):
+        expected = reference_reblock(old, ids, B, H, agreed, src, "HND")
+        assert torch.equal(kb.page_view(cache), expected)
