@@ -870,7 +870,7 @@ def status(
         if row["alive"] and ps.started_at:
             row["uptime_s"] = round(now - ps.started_at, 1)
         if ps.health_url:
-            pr = health.probe(ps.health_url)
+            pr = health.probe(ps.health_url, timeout=5.0)
             row["health"] = pr.describe()
         else:
             row["health"] = "headless"

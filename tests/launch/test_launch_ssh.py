@@ -32,22 +32,24 @@ def test_up_over_ssh_happy_path(make_deployment, sshd_cluster, sshd_host, monkey
         env={"HF_TOKEN": "${env:" + SECRET_ENV + "}", "FAKE_VLLM_REQUIRE_ENV": "HF_TOKEN"},
     )
     before = sshd_host.log_file.read_text().count("Accepted publickey")
-    res = cli("up", dep.path, "--timeout", "30", "--known-hosts", sshd_cluster.known_hosts)
+    res = cli("up", dep.path, "--timeout", "120", "--known-hosts", sshd_cluster.known_hosts)
     assert res.exit_code == 0, res.output
     assert "served disaggregated" in res.output
     # it really went through sshd: one login (one connection shared by every command)
-    assert sshd_host.log_file.read_text().count("Accepted publickey") == before + 1
+    logins = sshd_host.log_file.read_text().count("Accepted publickey") - before
+    assert logins == 1, sshd_host.log_tail(30)
     st = load_state("sshok")
     assert st.known_hosts == str(sshd_cluster.known_hosts)
     assert all(not p.local for p in st.processes)
-    assert len(procs_under(dep.work_root)) == 3
+    assert sorted(procs_under(dep.work_root)) == sorted(p.pid for p in st.processes)
     f = dep.work_dir / "run" / "decode-0.secrets.env"
     assert stat.S_IMODE(f.stat().st_mode) == 0o600
 
     # later commands reuse the recorded known_hosts
     res = cli("status", dep.path, "--json")
     assert res.exit_code == 0, res.output
-    assert all(r["alive"] and r["health"] == "healthy" for r in json.loads(res.stdout)["processes"])
+    rows = json.loads(res.stdout)["processes"]
+    assert all(r["alive"] and r["health"] == "healthy" for r in rows), rows
     res = cli("logs", dep.path, "router")
     assert res.exit_code == 0 and "serving on" in res.output
     res = cli("down", dep.path)
@@ -92,7 +94,7 @@ def test_unknown_host_key_refused_unless_accepted(make_deployment, sshd_cluster,
     assert not dep.work_root.exists()
 
     res = cli("up", dep.path, "--known-hosts", known, "--accept-new-host-keys", "--no-canary",
-              "--timeout", "30")
+              "--timeout", "120")
     assert res.exit_code == 0, res.output
     assert f"[127.0.0.1]:{sshd_host.port}" in known.read_text()  # recorded
     assert cli("down", dep.path).exit_code == 0  # the recorded key is trusted now
@@ -102,7 +104,7 @@ def test_unknown_host_key_refused_unless_accepted(make_deployment, sshd_cluster,
 def test_exit_at_start_over_ssh_leaves_no_orphans(make_deployment, sshd_cluster, sshd_host):
     dep = make_deployment("sshexit", ssh=_ssh(sshd_cluster, sshd_host),
                           prefill_env={"FAKE_VLLM_MODE": "exit", "FAKE_VLLM_DELAY": "0.5"})
-    res = cli("up", dep.path, "--known-hosts", sshd_cluster.known_hosts, "--timeout", "30")
+    res = cli("up", dep.path, "--known-hosts", sshd_cluster.known_hosts, "--timeout", "120")
     assert res.exit_code == 1
     assert "prefill-0 on 127.0.0.1: exited during start" in res.output
     assert "simulated engine failure" in res.output
