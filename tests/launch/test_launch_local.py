@@ -109,8 +109,6 @@ def test_health_never_comes_rolls_back(make_deployment):
     assert res.exit_code == 1
     assert time.monotonic() - t0 < 60
     assert "prefill-0 on 127.0.0.1: not healthy before the deadline" in res.output
-    # the tail of prefill's log ("not listening", unless a loaded machine delayed even that)
-    assert "mode=hang" in res.output or "not listening" in res.output or "---" in res.output
     assert wait_no_procs(dep.work_root) == []
     assert load_state("hangs") is None
 
