@@ -33,7 +33,8 @@ from pdlaunch.cli import (
     print_json,
 )
 from pdlaunch.hosts import HostError
-from pdlaunch.state import StateError, list_deployments, state_root
+from pdlaunch.plan import Plan
+from pdlaunch.state import StateError, list_deployments, load_state, state_root
 
 EXIT_FAILED = EXIT_FINDINGS  # 1: the operation failed
 
@@ -196,6 +197,31 @@ def _known(path: Path | None) -> str | None:
     return str(path.expanduser()) if path is not None else None
 
 
+def _preflight(
+    plan: Plan, accept_keys: bool, known_hosts: str | None, ssh_config: str | None, as_json: bool
+) -> None:
+    from pdlaunch.check.runner import CheckOptions, run_check
+    from pdlaunch.cli_check import print_report
+
+    opts = CheckOptions(
+        fast=True,
+        accept_new_host_keys=accept_keys,
+        known_hosts=known_hosts,
+        ssh_config=ssh_config,
+    )
+    report = run_check(plan, opts)
+    if report.failed:
+        if as_json:
+            print_json({"ok": False, "check": [r.to_dict() for r in report.results]})
+        else:
+            print_report(report)
+            err.print(
+                "[bold red]preflight check failed; nothing was started[/] "
+                "(fix the FAIL rows, or pass --skip-check)"
+            )
+        raise typer.Exit(EXIT_FAILED)
+
+
 @app.command("up")
 def up_cmd(
     topology: TopologyArg,
@@ -213,10 +239,17 @@ def up_cmd(
     grace: Annotated[
         float, typer.Option("--grace", min=0, help="Seconds between SIGTERM and SIGKILL on stop")
     ] = 10.0,
+    skip_check: Annotated[
+        bool, typer.Option("--skip-check", help="Do not run the fast preflight check first")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Start the deployment on every host, wait for health, check one request, record it."""
     plan = plan_or_exit(topology, as_json)
+    # Preflight only a deployment that is not already recorded: a running one holds its own
+    # ports, which the port probe would report as taken.
+    if not skip_check and load_state(plan.deployment) is None:
+        _preflight(plan, accept_new_host_keys, _known(known_hosts), _known(ssh_config), as_json)
     opts = launch.UpOptions(
         timeout=timeout,
         canary=canary,

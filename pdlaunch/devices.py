@@ -31,6 +31,9 @@ class DeviceProfile:
     ld_library_path: tuple[str, ...] = ()
     # Whether the KV extension's in-place re-blocking can run on this device's cache.
     can_reblock: bool = True
+    # Export VLLM_KV_CACHE_LAYOUT (the seeds do on cuda/hpu); a CPU instance has one layout and
+    # is left to vLLM's own choice (docs/cpu-pd-recipe.md).
+    layout_env: bool = True
     source: str = ""
 
     def accepts_block_size(self, size: int) -> bool:
@@ -118,6 +121,7 @@ PROFILES: dict[str, DeviceProfile] = {
         connectors=frozenset({"nixl"}),
         # CPU attention packs K/V in its own tiles: the KV extension cannot re-block them.
         can_reblock=False,
+        layout_env=False,
         source="vllm/v1/attention/backends/cpu_attn.py; shared/notes/kv-extension.md",
     ),
 }

@@ -216,6 +216,8 @@ def kv_transfer_config(topo: Topology, node: Node) -> dict[str, Any]:
         extra["enforce_handshake_compat"] = compat
     if kv.heterogeneous_blocks(topo) or kvc.agreed_block_size != "auto":
         extra["agreed_block_size"] = kv.agreed_block_size(topo)
+    if kvc.kv_lease_duration:
+        extra["kv_lease_duration"] = kvc.kv_lease_duration
     if reblock:
         adv = kv.prefill_kv(topo, inst)
         extra[kv_extension.KEY_DECODE_BLOCK_SIZES] = sorted({kv.block_size(d) for d in topo.decode})
@@ -279,9 +281,14 @@ def _serve_env(
     dev = profile(inst.device)
     env: dict[str, str] = {}
     if topo.kv_connector.kind == "nixl":
-        env["VLLM_KV_CACHE_LAYOUT"] = kv.kv_layout(inst)
+        if dev.layout_env:
+            env["VLLM_KV_CACHE_LAYOUT"] = kv.kv_layout(inst)
         if dev.ucx_tls:
             env["UCX_TLS"] = dev.ucx_tls
+            if _is_loopback(node.host):
+                # Else UCX also tries the machine's NICs for a loopback peer: the first NIXL
+                # handshake took 30 s instead of 0.05 s (docs/cpu-pd-recipe.md).
+                env["UCX_NET_DEVICES"] = "lo"
         env.update(dev.env)
         env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = node.host
         env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(bases[(node.role, node.index)])
@@ -374,6 +381,7 @@ def _router_argv(topo: Topology) -> list[str]:
     for url in decode:
         argv += ["--decode", url]
     argv += ["--host", r.bind, "--port", str(r.port)]
+    argv += ["--prometheus-port", str(r.prometheus_port)]
     if r.intra_node_data_parallel_size:
         argv += ["--intra-node-data-parallel-size", str(r.intra_node_data_parallel_size)]
     return argv + r.extra_args

@@ -201,4 +201,9 @@ def node_ports(
 
 
 def router_ports(topo: Topology) -> list[PortUse]:
-    return [PortUse(topo.router.port, "router HTTP", ("router", "port"))]
+    uses = [PortUse(topo.router.port, "router HTTP", ("router", "port"))]
+    if topo.router.kind == "vllm-router":
+        uses.append(
+            PortUse(topo.router.prometheus_port, "router metrics", ("router", "prometheus_port"))
+        )
+    return uses

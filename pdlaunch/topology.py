@@ -211,6 +211,11 @@ class KvConnector(Strict):
     abort_request_timeout: PositiveInt | None = Field(
         None, description="VLLM_NIXL_ABORT_REQUEST_TIMEOUT seconds"
     )
+    kv_lease_duration: PositiveInt | None = Field(
+        None,
+        description="Seconds prefill holds KV blocks for decode to pull (vLLM default 30); "
+        "raise it on slow or loaded hosts",
+    )
     mooncake: Mooncake = Field(default_factory=Mooncake)
 
 
@@ -224,6 +229,9 @@ class Router(Strict):
         "round_robin"
     )
     binary: str = Field("vllm-router", description="Router executable (or toy proxy script)")
+    prometheus_port: Port = Field(
+        29000, description="vllm-router's metrics port (it refuses to start if taken)"
+    )
     max_concurrent_requests: PositiveInt | None = None
     intra_node_data_parallel_size: PositiveInt | None = None
     extra_args: list[str] = Field(default_factory=list)

@@ -122,10 +122,7 @@ def test_rule_findings_exit_1_with_table(tmp_path):
 
 
 def test_duplicate_instance_names(tmp_path):
-    text = GOOD.replace(
-        "  - host: 127.0.0.1\n    device: cpu\n    port: 8200",
-        "  - host: 127.0.0.1\n    name: prefill-0\n    device: cpu\n    port: 8200",
-    )
+    text = GOOD.replace("    port: 8200", "    port: 8200\n    name: prefill-0", 1)
     r = run("validate", str(write(tmp_path, text)))
     assert r.exit_code == 1 and "unique-names" in r.output
 

@@ -27,11 +27,15 @@ def test_local_cpu_binds_separate_cores_and_side_channels():
     assert p.env["VLLM_CPU_OMP_THREADS_BIND"] != d.env["VLLM_CPU_OMP_THREADS_BIND"]
     assert p.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] != d.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]
     assert kv_config(p)["kv_buffer_device"] == "cpu"
-    assert p.env["VLLM_KV_CACHE_LAYOUT"] == "HND"
+    # One layout on CPU: left to vLLM; UCX kept on loopback.
+    assert "VLLM_KV_CACHE_LAYOUT" not in p.env and p.env["UCX_NET_DEVICES"] == "lo"
+    assert kv_config(p)["kv_connector_extra_config"] == {"kv_lease_duration": 120}
+    assert plan.router.argv[plan.router.argv.index("--prometheus-port") + 1] == "29123"
     assert p.local and d.local
     assert plan.router.argv[:1] == ["vllm-router"]
     assert "--vllm-pd-disaggregation" in plan.router.argv
     assert p.health_url == "http://127.0.0.1:8100/health"
+    assert "--no-enable-prefix-caching" in p.argv and "--enforce-eager" in p.argv
 
 
 def test_gaudi_prefill_uses_extension_and_agreed_16():
