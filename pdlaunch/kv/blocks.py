@@ -40,6 +40,9 @@ LAYOUT_FROM_VLLM: dict[str, str] = {v: k for k, v in VLLM_LAYOUT_NAMES.items()}
 # Scratch budget per chunk: small enough to stay cache resident on a CPU,
 # large enough to amortise kernel launches on a GPU.
 _DEFAULT_SCRATCH_BYTES = {"cpu": 512 << 10, "cuda": 64 << 20}
+# Average bytes per run of consecutive block ids below which ids are gathered
+# and scattered by index instead of copied run by run.
+_MIN_RUN_BYTES = {"cpu": 64 << 10, "cuda": 8 << 20}
 
 
 def _check_layout(layout: str) -> None:
@@ -235,7 +238,11 @@ def _convert_(
     if not ids:
         return 0
     runs = _runs(ids)
-    fragmented = len(runs) > max(8, len(ids) // 4)
+    # Slice-copy per run unless runs are so short that per-op overhead (a kernel
+    # launch on a GPU) outweighs the bytes: then gather/scatter by index.
+    run_bytes = len(ids) * flats[0].shape[1] * flats[0].element_size() / len(runs)
+    min_run = _MIN_RUN_BYTES.get(flats[0].device.type, 1 << 20)
+    fragmented = len(runs) > 8 and run_bytes < min_run
     sub_local = r > 1 and {src_fmt, dst_fmt} == {"NHD", "HND_SUB"}
     idx_cache: dict[tuple[torch.device, bool], torch.Tensor] = {}
 
