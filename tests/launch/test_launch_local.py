@@ -12,8 +12,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from pdlaunch.state import DeploymentLock, load_state
 from tests.launch.helpers import SECRET_ENV, cli, procs_under, wait_no_procs
 
@@ -211,7 +209,7 @@ def test_second_up_process_refused_and_down_after_killed_up(make_deployment, sta
     env = dict(os.environ, PDLAUNCH_STATE_DIR=str(state_dir))
     first = subprocess.Popen(
         [sys.executable, "-c", "from pdlaunch.cli_launch import main; main()",
-         "up", str(dep.path), "--timeout", "120"],
+         "up", str(dep.path), "--timeout", "120", "--skip-check"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
@@ -237,11 +235,6 @@ def test_second_up_process_refused_and_down_after_killed_up(make_deployment, sta
     assert wait_no_procs(dep.work_root) == []
 
 
-@pytest.mark.skipif(
-    shutil.which("vllm-router") is None or not os.environ.get("PDLAUNCH_TEST_REAL_ROUTER"),
-    reason="set PDLAUNCH_TEST_REAL_ROUTER=1 (and install vllm-router): its launcher imports "
-    "for seconds",
-)
 def test_canary_through_the_real_vllm_router(make_deployment):
     """vllm-router (--vllm-pd-disaggregation) forwards prefill's kv_transfer_params to decode;
     the fake engines count the prompt as external_kv_transfer only then."""
@@ -266,3 +259,19 @@ def test_unwritable_work_dir_fails_before_starting(make_deployment, monkeypatch,
     assert res.exit_code == 1
     assert "preparing the hosts failed" in res.output and "nothing was started" in res.output
     assert load_state("nodir") is None
+
+
+def test_preflight_check_refuses_an_occupied_port(make_deployment):
+    """`up` runs the fast check first: a taken HTTP port stops it before anything starts."""
+    import socket
+
+    dep = make_deployment("preflight")
+    port = dep.spec["prefill"][0]["port"]
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        res = cli("up", dep.path, "--with-check", "--timeout", "60")
+    assert res.exit_code == 1, res.output
+    assert "preflight check failed" in res.output and str(port) in res.output
+    assert load_state("preflight") is None
