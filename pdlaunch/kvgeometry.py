@@ -87,8 +87,19 @@ def advertised_layouts(topo: Topology) -> set[str]:
     )
 
 
+def decode_merges(topo: Topology, inst: Instance) -> bool:
+    """A decode whose block differs from some prefill's advertised block merges on receive."""
+    return topo.kv_connector.kind == "nixl" and any(
+        prefill_kv(topo, p).block_size != block_size(inst) for p in topo.prefill
+    )
+
+
 def prefix_caching(topo: Topology, role: Role, inst: Instance) -> bool:
     if inst.prefix_caching is not None:
         return inst.prefix_caching
-    # In-place re-blocking would corrupt blocks shared through the prefix cache.
-    return not (role == "prefill" and prefill_kv(topo, inst).reblock)
+    # In-place re-blocking would corrupt blocks shared through the prefix cache; on decode,
+    # a cache hit trims the remote id list from its end, which pairs the wrong sub-blocks
+    # when blocks are merged on receive (base_worker.py:3421 _apply_prefix_caching).
+    if role == "prefill":
+        return not prefill_kv(topo, inst).reblock
+    return not decode_merges(topo, inst)

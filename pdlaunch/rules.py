@@ -350,6 +350,26 @@ def prefill_postprocess(topo: Topology) -> Iterator[Finding]:
 
 
 @rule(
+    "decode-prefix-caching",
+    "a decode that merges smaller remote blocks runs without prefix caching",
+    f"{NIXL}:3421",
+)
+def decode_prefix_caching(topo: Topology) -> Iterator[Finding]:
+    for i, inst in enumerate(topo.decode):
+        if inst.prefix_caching and kv.decode_merges(topo, inst):
+            yield _err(
+                "decode-prefix-caching",
+                ("decode", i, "prefix_caching"),
+                f"{_name('decode', i, inst)} merges prefill blocks of another size on receive; "
+                "a prefix-cache hit trims the remote block list from its end and pairs the "
+                "wrong sub-blocks",
+                "set prefix_caching: false on this decode (or leave it out: pdlaunch turns it "
+                "off)",
+                f"{NIXL}:3421-3516 (_apply_prefix_caching); docs/kv-extension.md",
+            )
+
+
+@rule(
     "block-direction",
     "stock decode merges only when its block is a multiple of prefill's advertised block",
     f"{NIXL}:2727; {KV_UTILS}:516",

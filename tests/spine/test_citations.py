@@ -24,6 +24,9 @@ EXPECT = {
     ),
     ("vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py", 2536): "contiguous",
     ("vllm/distributed/kv_transfer/kv_connector/utils.py", 516): "remote_block_size",
+    ("vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py", 3421): (
+        "_apply_prefix_caching"
+    ),
     ("vllm/distributed/kv_transfer/kv_connector/utils.py", 503): "tp_size",
     ("vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py", 76): (
         "SIDE_CHANNEL"

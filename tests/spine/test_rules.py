@@ -348,3 +348,9 @@ def test_pipeline_parallel_refused():
 
 def test_unique_names():
     assert "unique-names" in ids(findings({"decode.0.name": "prefill-0"}))
+
+
+def test_decode_prefix_caching_off_when_merging():
+    found = findings({"decode.0.block_size": 32, "decode.0.prefix_caching": True})
+    assert "decode-prefix-caching" in ids(found)
+    assert "decode-prefix-caching" not in ids(findings({"decode.0.block_size": 32}))
