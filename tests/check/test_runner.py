@@ -185,7 +185,8 @@ def test_check_over_sshd_hosts(cuda_cpu, sshd_cluster):
     assert "already in use" in listen[ports["p_http"]].message
     assert listen[ports["p_side"]].status is Status.OK
     assert all(r.status is Status.OK for r in rows(report, "ports.listen", decode))
-    assert [r.status for r in rows(report, "ports.listen", router)] == [Status.OK]
+    # router HTTP and its metrics port
+    assert [r.status for r in rows(report, "ports.listen", router)] == [Status.OK, Status.OK]
 
     # versions: each host's own interpreter (PDLAUNCH_PYTHON / python next to vllm_bin)
     (va,) = rows(report, "versions", prefill)
