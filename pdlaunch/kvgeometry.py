@@ -89,9 +89,10 @@ def advertised_layouts(topo: Topology) -> set[str]:
 
 def decode_merges(topo: Topology, inst: Instance) -> bool:
     """A decode whose block differs from some prefill's advertised block merges on receive."""
-    return topo.kv_connector.kind == "nixl" and any(
-        prefill_kv(topo, p).block_size != block_size(inst) for p in topo.prefill
+    advertised = topo.derived(
+        "advertised_blocks", lambda t: {prefill_kv(t, p).block_size for p in t.prefill}
     )
+    return topo.kv_connector.kind == "nixl" and advertised != {block_size(inst)}
 
 
 def prefix_caching(topo: Topology, role: Role, inst: Instance) -> bool:
