@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import difflib
 import os
-import shlex
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -23,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdlaunch import health
+from pdlaunch import health, render
 from pdlaunch.hosts import Host, HostError, LocalHost, SshSettings, open_host, sh_quote_path
 from pdlaunch.plan import Plan, Process
 from pdlaunch.render import RenderedFile, render_plan
@@ -268,9 +267,7 @@ def missing_secrets(plan: Plan, environ: dict[str, str] | None = None) -> dict[s
 
 def secrets_file(p: Process, environ: dict[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
-    lines = ["# written by pdlaunch up; mode 0600; removed by pdlaunch down"]
-    lines += [f"{var}={shlex.quote(env[src])}" for var, src in p.secret_env.items()]
-    return "\n".join(lines) + "\n"
+    return render.render_secrets({var: env[src] for var, src in p.secret_env.items()})
 
 
 # -- state helpers --------------------------------------------------------------------------------

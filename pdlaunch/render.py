@@ -89,6 +89,14 @@ def render_plan(plan: Plan) -> list[RenderedFile]:
     return files
 
 
+def render_secrets(values: dict[str, str]) -> str:
+    """The mode-0600 file a script sources for its secrets (written by `up`, never rendered
+    to disk by `render`); values go through the same quoting as every script value."""
+    lines = ["# written by pdlaunch up; mode 0600; removed by pdlaunch down"]
+    lines += [f"{var}={shquote(value)}" for var, value in values.items()]
+    return "\n".join(lines) + "\n"
+
+
 def plan_json(plan: Plan) -> str:
     """One process per line: diffable, and fast (indent= would force the pure-Python encoder
     on thousand-process plans)."""
