@@ -170,4 +170,4 @@ def main() -> None:
 
 # Commands kept in their own modules register themselves on `app`; imported last because
 # they import `app` from here.
-from pdlaunch import cli_check, cli_launch  # noqa: E402, F401
+from pdlaunch import cli_bench, cli_check, cli_launch  # noqa: E402, F401
