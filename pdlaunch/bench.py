@@ -71,6 +71,16 @@ def find_vllm(explicit: str | None = None) -> str:
     return found
 
 
+def check_tokenizer(tokenizer: str) -> None:
+    """A tokenizer given as a filesystem path must exist on this (the control) host; anything
+    else is taken as a hub id."""
+    if tokenizer.startswith(("/", "./", "../", "~")) and not Path(tokenizer).expanduser().exists():
+        raise BenchError(
+            f"tokenizer {tokenizer} does not exist on this host (the benchmark runs here); "
+            "pass --tokenizer with a local copy"
+        )
+
+
 def bench_argv(plan: Plan, opts: BenchOptions, result_dir: str, vllm: str = "vllm") -> list[str]:
     """`vllm bench serve` against the plan's router endpoint, saving its JSON result as
     ``result_dir/bench.json``."""

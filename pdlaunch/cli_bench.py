@@ -28,6 +28,7 @@ from pdlaunch.cli import (
     plan_or_exit,
     print_json,
 )
+from pdlaunch.health import probe
 
 EXIT_FAILED = EXIT_FINDINGS
 
@@ -102,8 +103,12 @@ def bench_cmd(
     )
     try:
         vllm = bench.find_vllm()
+        bench.check_tokenizer(opts.tokenizer or plan.model)
     except bench.BenchError as exc:
         _fail(str(exc), as_json)
+    health_url = plan.router.health_url
+    if health_url and not probe(health_url, timeout=5).ok:
+        _fail(f"the router is not healthy at {health_url} (is the deployment up?)", as_json)
     with tempfile.TemporaryDirectory(prefix="pdlaunch-bench-") as tmp:
         try:
             argv = bench.bench_argv(plan, opts, tmp, vllm)

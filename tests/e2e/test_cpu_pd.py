@@ -43,13 +43,6 @@ REPO = Path(__file__).resolve().parents[2]
 TOPOLOGY = REPO / "topologies" / "local-cpu.yaml"
 BIN = Path(sys.executable).parent
 PDLAUNCH = [sys.executable, "-m", "pdlaunch"]
-# `bench` lives in pdlaunch/cli_bench.py; import it explicitly so this works whether or not
-# cli.py already registers it.
-PDLAUNCH_WITH_BENCH = [
-    sys.executable,
-    "-c",
-    "from pdlaunch.cli import app; import pdlaunch.cli_bench; app()",
-]
 
 SERVED = "tiny"
 SEED = 20260
@@ -541,7 +534,7 @@ def test_bench_through_router(dep: Deployment) -> None:
     mark = dep.check_prefill_log()
     t = time.monotonic()
     res = _run(
-        [*PDLAUNCH_WITH_BENCH, "bench", str(dep.topology), "--num-prompts", "4", "--json"],
+        [*PDLAUNCH, "bench", str(dep.topology), "--num-prompts", "4", "--json"],
         dep.env,
         900,
     )
