@@ -109,7 +109,7 @@ class UpOptions:
     stop_grace: float = 10.0
     topology_path: str = ""
     poll_interval: float = 0.2
-    canary_timeout: float = 120.0
+    canary_timeout: float = 300.0  # a PD request can stall for minutes on a loaded host
 
 
 @dataclass
