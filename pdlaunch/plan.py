@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-from functools import lru_cache
-from ipaddress import ip_address
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -26,7 +24,7 @@ from pdlaunch.ports import (
     router_ports,
     side_channel_bases,
 )
-from pdlaunch.topology import SECRET_REF, HostSettings, Ssh, Topology
+from pdlaunch.topology import SECRET_REF, HostSettings, Ssh, Topology, is_loopback
 
 # The KV extension inside this package (pdlaunch/kv/connector.py), loaded by vLLM on the
 # prefill nodes through kv_connector_module_path. pdlaunch.kv's root imports no torch/vLLM.
@@ -92,16 +90,6 @@ class Plan(Frozen):
         return f"http://{_url_host(r.host)}:{r.ports[0].port}"
 
 
-@lru_cache(maxsize=4096)
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
@@ -121,7 +109,7 @@ def _ssh(topo: Topology, host: str, override: Ssh | None) -> Ssh:
 
 def _is_local(topo: Topology, host: str) -> bool:
     explicit = _host_settings(topo, host).local
-    return explicit if explicit is not None else _is_loopback(host)
+    return explicit if explicit is not None else is_loopback(host)
 
 
 def _split_env(*maps: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -285,7 +273,7 @@ def _serve_env(
             env["VLLM_KV_CACHE_LAYOUT"] = kv.kv_layout(inst)
         if dev.ucx_tls:
             env["UCX_TLS"] = dev.ucx_tls
-            if _is_loopback(node.host):
+            if is_loopback(node.host):
                 # Else UCX also tries the machine's NICs for a loopback peer: the first NIXL
                 # handshake took 30 s instead of 0.05 s (docs/cpu-pd-recipe.md).
                 env["UCX_NET_DEVICES"] = "lo"

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import lru_cache
-from ipaddress import ip_address
 from typing import Literal
 
 from pdlaunch import kvgeometry as kv
@@ -24,7 +22,14 @@ from pdlaunch.ports import (
     router_ports,
     side_channel_bases,
 )
-from pdlaunch.topology import SECRET_REF, Instance, Role, Topology, instance_name
+from pdlaunch.topology import (
+    SECRET_REF,
+    Instance,
+    Role,
+    Topology,
+    instance_name,
+    is_loopback,
+)
 
 Severity = Literal["error", "warning"]
 NIXL = "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py"
@@ -363,8 +368,7 @@ def decode_prefix_caching(topo: Topology) -> Iterator[Finding]:
                 f"{_name('decode', i, inst)} merges prefill blocks of another size on receive; "
                 "a prefix-cache hit trims the remote block list from its end and pairs the "
                 "wrong sub-blocks",
-                "set prefix_caching: false on this decode (or leave it out: pdlaunch turns it "
-                "off)",
+                "set prefix_caching: false on this decode (or leave it out: pdlaunch turns it off)",
                 f"{NIXL}:3421-3516 (_apply_prefix_caching); docs/kv-extension.md",
             )
 
@@ -509,17 +513,7 @@ def dp_shape(topo: Topology) -> Iterator[Finding]:
 
 
 def _host_key(host: str) -> str:
-    return "localhost" if _is_loopback(host) else host
-
-
-@lru_cache(maxsize=4096)
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return "localhost" if is_loopback(host) else host
 
 
 @rule("port-conflict", "every listening port on a host is unique and valid", SIDE_CHANNEL_SOURCE)
@@ -677,10 +671,10 @@ def handshake_compat(topo: Topology) -> Iterator[Finding]:
 
 @rule("router-reach", "the router and decode reach every instance they talk to", SEED_GB200)
 def router_reach(topo: Topology) -> Iterator[Finding]:
-    router_local = _is_loopback(topo.router.host)
+    router_local = is_loopback(topo.router.host)
     for node in all_nodes(topo):
         inst = node.instance
-        if _is_loopback(inst.bind) and not (router_local and _is_loopback(node.host)):
+        if is_loopback(inst.bind) and not (router_local and is_loopback(node.host)):
             yield _err(
                 "router-reach",
                 (*node.path, "bind"),
@@ -689,7 +683,7 @@ def router_reach(topo: Topology) -> Iterator[Finding]:
                 "bind to 0.0.0.0 or to the address the router uses",
                 SEED_GB200,
             )
-        if _is_loopback(node.host) and not router_local:
+        if is_loopback(node.host) and not router_local:
             yield _err(
                 "router-reach",
                 (*node.path, "host"),
@@ -702,7 +696,7 @@ def router_reach(topo: Topology) -> Iterator[Finding]:
         return
     decode_hosts = {_host_key(n.host) for n in all_nodes(topo) if n.role == "decode"}
     for node in all_nodes(topo):
-        if node.role == "prefill" and _is_loopback(node.host) and decode_hosts - {"localhost"}:
+        if node.role == "prefill" and is_loopback(node.host) and decode_hosts - {"localhost"}:
             yield _err(
                 "router-reach",
                 (*node.path, "host"),

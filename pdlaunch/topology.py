@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import lru_cache
+from ipaddress import ip_address
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
@@ -44,6 +46,17 @@ def _check_env(env: dict[str, str]) -> dict[str, str]:
 
 
 EnvMap = dict[str, str]
+
+
+@lru_cache(maxsize=4096)
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost: one machine, whatever the spelling."""
+    if host == "localhost":
+        return True
+    try:
+        return ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _check_host(host: str) -> str:
