@@ -162,3 +162,10 @@ def test_schema_is_json_schema_forbidding_unknown_keys():
     schema = json.loads(r.stdout)
     assert schema["additionalProperties"] is False
     assert "prefill" in schema["required"]
+
+
+def test_committed_schema_is_current():
+    # topologies/*.yaml point yaml-language-server at it; regenerate with
+    # `pdlaunch schema > pdlaunch.schema.json`.
+    committed = json.loads((ROOT / "pdlaunch.schema.json").read_text())
+    assert committed == json.loads(run("schema").stdout)
