@@ -214,11 +214,18 @@ class Deployment:
     def metrics(self, base: str) -> str:
         return get_text(base + "/metrics", timeout=30)
 
-    def check_prefill_log(self, since: int = 0, bad_lines: tuple[str, ...] = BAD_KV_LINES) -> int:
-        """Fail on the KV-lease hazard lines; return the log's current size."""
+    def check_prefill_log(self, since: int = 0) -> int:
+        """Fail on the KV-lease hazard lines; return the log's current size.
+
+        Blocks that expire "retrieved by 0 remote worker(s)" were never read (vllm-router
+        0.1.17 sometimes streams a request to decode without prefill's kv_transfer_params, and
+        decode recomputes it): harmless. An expiry after a partial read, or a read of released
+        blocks, is the hazard."""
         text = self.prefill_log.read_text(errors="replace")
         for line in text[since:].splitlines():
-            if any(bad in line for bad in bad_lines):
+            if "retrieved by 0 remote worker(s)" in line:
+                continue
+            if any(bad in line for bad in BAD_KV_LINES):
                 pytest.fail(
                     "prefill logged a KV lease problem (a NIXL read stalled past the lease; "
                     f"the output cannot be trusted): {line.strip()}"
@@ -547,12 +554,7 @@ def test_bench_through_router(dep: Deployment) -> None:
     assert data["total_token_throughput"] > 0, data
     assert data["mean_ttft_ms"] > 0 and data["median_ttft_ms"] > 0, data
     assert data["mean_itl_ms"] > 0, data
-    # vllm-router 0.1.17 sometimes streams a request to decode without prefill's
-    # kv_transfer_params ("decode will proceed without them": decode recomputes). Prefill's
-    # unread blocks then expire after the lease, "retrieved by 0 remote worker(s)": harmless,
-    # nothing was read. Only a read of released blocks is a correctness problem here; the
-    # token-equality and metrics tests above stay strict about both lines.
-    dep.check_prefill_log(mark, bad_lines=("Potentially invalid KV blocks",))
+    dep.check_prefill_log(mark)
 
 
 @pytest.mark.e2e
