@@ -21,6 +21,7 @@ If OpenSSH's server is not installed, these fixtures FAIL (not skip) with an ins
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -29,6 +30,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # make `tests.sshd` importable however pytest was started
     sys.path.insert(0, str(ROOT))
+
+# `.venv/bin/python -m pytest` without activating the venv: rendered scripts and tests exec
+# `vllm`, `vllm-router`, `pdlaunch` by name, as an activated node environment would.
+_BIN = str(Path(sys.executable).parent)
+if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 
 from pdlaunch.hosts import SshHost, SshSettings, open_host  # noqa: E402
 from tests.sshd import SshdCluster, SshdError, SshdHost  # noqa: E402
