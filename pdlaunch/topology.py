@@ -67,7 +67,7 @@ def _check_host(host: str) -> str:
 
 class Ssh(Strict):
     user: str | None = None
-    port: Port = 22
+    port: Port | None = Field(None, description="Default: ~/.ssh/config, else 22")
     key: str | None = Field(None, description="Private key file on the control host")
     jump: str | None = Field(None, description="ProxyJump host, [user@]host[:port]")
     connect_timeout: float = Field(10.0, gt=0, le=600)
