@@ -643,8 +643,8 @@ def _connect_fail(t: HostTarget) -> CheckResult:
         t.label,
         Status.FAIL,
         t.error,
-        f"check the address and SSH settings in the topology, then try "
-        f"`ssh -p {port} {login} true`",
+        "check the address and SSH settings in the topology, then try "
+        f"`ssh {f'-p {port} ' if port else ''}{login} true`",
     )
 
 
