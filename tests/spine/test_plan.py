@@ -29,7 +29,7 @@ def test_local_cpu_binds_separate_cores_and_side_channels():
     assert kv_config(p)["kv_buffer_device"] == "cpu"
     # One layout on CPU: left to vLLM; UCX kept on loopback.
     assert "VLLM_KV_CACHE_LAYOUT" not in p.env and p.env["UCX_NET_DEVICES"] == "lo"
-    assert kv_config(p)["kv_connector_extra_config"] == {"kv_lease_duration": 120}
+    assert kv_config(p)["kv_connector_extra_config"] == {"kv_lease_duration": 600}
     assert plan.router.argv[plan.router.argv.index("--prometheus-port") + 1] == "29123"
     assert p.local and d.local
     assert plan.router.argv[:1] == ["vllm-router"]
