@@ -165,6 +165,13 @@ def devices_of(topo: Topology, node: Node) -> list[int]:
     return list(range(node.device_count))
 
 
+def _nixl_role(setting: str, role: str) -> str:
+    # vllm nixl/connector.py:97-103 deprecates kv_both for NixlConnector.
+    if setting == "both":
+        return "kv_both"
+    return "kv_producer" if role == "prefill" else "kv_consumer"
+
+
 def kv_transfer_config(topo: Topology, node: Node) -> dict[str, Any]:
     inst, kvc = node.instance, topo.kv_connector
     dev = profile(inst.device)
@@ -187,7 +194,7 @@ def kv_transfer_config(topo: Topology, node: Node) -> dict[str, Any]:
     reblock = node.role == "prefill" and kv.prefill_kv(topo, inst).reblock
     cfg = {
         "kv_connector": KV_EXTENSION_CLASS if reblock else "NixlConnector",
-        "kv_role": "kv_both",
+        "kv_role": _nixl_role(kvc.kv_role, node.role),
         "kv_buffer_device": buffer,
     }
     if reblock:

@@ -217,6 +217,12 @@ class KvConnector(Strict):
     side_channel_port: Port = Field(5600, description="VLLM_NIXL_SIDE_CHANNEL_PORT base")
     agreed_block_size: Literal["auto"] | PositiveInt = "auto"
     kv_buffer_device: Literal["auto", "cuda", "hpu", "npu", "cpu", "xpu"] = "auto"
+    kv_role: Literal["split", "both"] = Field(
+        "split",
+        description="NIXL kv_role: 'split' = kv_producer on prefill, kv_consumer on decode "
+        "(what vLLM 0.32 asks for); 'both' = kv_both everywhere, as the older seed guides "
+        "write it (vLLM 0.32 logs it as deprecated)",
+    )
     load_failure_policy: Literal["recompute", "fail"] | None = None
     enforce_handshake_compat: bool | None = Field(
         None, description="Default: false when prefill and decode device kinds differ"

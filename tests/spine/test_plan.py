@@ -159,3 +159,15 @@ router: {host: c}
     extra = kv_config(p)["kv_connector_extra_config"]
     assert extra["decode_kv_layout"] == "NHD" and extra["agreed_block_size"] == 16
     assert "enable_permute_local_kv" not in kv_config(d)
+
+
+def test_nixl_kv_role_split_by_default_and_both_on_request():
+    text = (ROOT / "topologies" / "local-cpu.yaml").read_text()
+    plan = build_plan(load_text(text, "local-cpu.yaml")[0])
+    roles = {p.role: kv_config(p)["kv_role"] for p in plan.processes if p.role != "router"}
+    assert roles == {"prefill": "kv_producer", "decode": "kv_consumer"}
+    both = text.replace("  kind: nixl\n", "  kind: nixl\n  kv_role: both\n")
+    assert both != text
+    plan = build_plan(load_text(both, "local-cpu.yaml")[0])
+    engines = [p for p in plan.processes if p.role != "router"]
+    assert {kv_config(p)["kv_role"] for p in engines} == {"kv_both"}

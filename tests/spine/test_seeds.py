@@ -294,6 +294,11 @@ V1_GONE = (
     "VLLM_USE_V1: vLLM 0.32 only has the V1 engine and no longer reads the variable "
     "(it is absent from vllm/envs.py)"
 )
+SPLIT_ROLE = (
+    "kv_role: vLLM 0.32 deprecates kv_both for NixlConnector (nixl/connector.py:97-103); "
+    "pdlaunch sets kv_producer on prefill and kv_consumer on decode unless the topology says "
+    "kv_connector.kv_role: both"
+)
 DP_ONLY_ABOVE_ONE = (
     "DP flags are only emitted when dp.size > 1: the Ascend guide passes "
     "--data-parallel-size 1 with an address and RPC port vLLM never uses at DP 1"
@@ -339,15 +344,22 @@ CASES = {
     ),
 }
 # (case, which launch script) -> rendered process; Case 1 prefills on CUDA, Case 2 on Gaudi.
+_HETERO_ALLOWED = {"env:VLLM_USE_V1": V1_GONE, "kv:kv_role": SPLIT_ROLE}
 HETERO_SCRIPTS = {
-    ("case1", "CUDA launch script:"): ("prefill-0", {"env:VLLM_USE_V1": V1_GONE}),
-    ("case1", "Gaudi launch script:"): ("decode-0", {"env:VLLM_USE_V1": V1_GONE}),
-    ("case2", "CUDA launch script:"): ("decode-0", {"env:VLLM_USE_V1": V1_GONE}),
+    ("case1", "CUDA launch script:"): ("prefill-0", _HETERO_ALLOWED),
+    ("case1", "Gaudi launch script:"): ("decode-0", _HETERO_ALLOWED),
+    ("case2", "CUDA launch script:"): ("decode-0", _HETERO_ALLOWED),
     ("case2", "Gaudi launch script:"): (
         "prefill-0",
-        {"env:VLLM_USE_V1": V1_GONE, "kv:kv_connector": EXTENSION_CLASS},
+        _HETERO_ALLOWED | {"kv:kv_connector": EXTENSION_CLASS},
     ),
 }
+
+
+def assert_split_role(process: str, ran: Ran) -> None:
+    cfg = json.loads(flag_values(ran, "--kv-transfer-config")[0])
+    want = "kv_producer" if process.startswith("prefill") else "kv_consumer"
+    assert cfg["kv_role"] == want, (process, cfg)
 
 
 def hetero_script(case: str, marker: str) -> SeedCommand:
@@ -364,6 +376,7 @@ def test_hetero_node_matches_seed(case, marker, tmp_path, fakebin):
     scripts = render(TOPOLOGIES / CASES[case][0], tmp_path / "out")
     ran = run_script(scripts[process], fakebin)
     assert_matches_seed(hetero_script(case, marker), ran, allowed)
+    assert_split_role(process, ran)
     if "kv:kv_connector" in allowed:
         cfg = json.loads(flag_values(ran, "--kv-transfer-config")[0])
         assert cfg["kv_connector"] == "PdlaunchNixlConnector"
@@ -504,7 +517,10 @@ def gb200_ran(tmp_path_factory, fakebin) -> dict[str, Ran]:
 def test_gb200_nodes_match_seed(gb200_ran):
     assert set(gb200_ran) == {*GB200_NODES, "router"}
     for process in GB200_NODES:
-        assert_matches_seed(gb200_node_seed(process), gb200_ran[process], {})
+        assert_matches_seed(
+            gb200_node_seed(process), gb200_ran[process], {"kv:kv_role": SPLIT_ROLE}
+        )
+        assert_split_role(process, gb200_ran[process])
 
 
 def test_gb200_dp_flags_per_node(gb200_ran):
