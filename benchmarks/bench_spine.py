@@ -22,6 +22,7 @@ from pdlaunch.rules import has_errors, validate
 
 def generate(instances: int) -> dict:
     """Half prefill, half decode; 8 GPUs per host, TP 2 -> 4 instances per host."""
+
     def inst(i: int) -> dict:
         host, slot = divmod(i, 4)
         return {

@@ -69,8 +69,13 @@ def topology(n: int, cluster: LoopbackCluster, tmp: Path, bins: dict[str, str]) 
     # Distinct ports although the addresses differ: the port-conflict rule treats every
     # loopback address as one machine ("localhost"), as it must for bind 0.0.0.0.
     def inst(h: SshdHost, port: int, side: int) -> dict:
-        return {"host": h.host, "device": "cpu", "port": port, "bind": h.host,
-                "side_channel_port": side}
+        return {
+            "host": h.host,
+            "device": "cpu",
+            "port": port,
+            "bind": h.host,
+            "side_channel_port": side,
+        }
 
     return {
         "deployment": f"bench-up-{n}",
@@ -85,8 +90,12 @@ def topology(n: int, cluster: LoopbackCluster, tmp: Path, bins: dict[str, str]) 
         },
         "prefill": [inst(h, 20100 + i, 22100 + i) for i, h in enumerate(hosts)],
         "decode": [inst(h, 21100 + i, 23100 + i) for i, h in enumerate(hosts)],
-        "router": {"host": "127.0.0.1", "bind": "127.0.0.1", "port": router_port,
-                   "binary": bins["router"]},
+        "router": {
+            "host": "127.0.0.1",
+            "bind": "127.0.0.1",
+            "port": router_port,
+            "binary": bins["router"],
+        },
     }
 
 
@@ -105,8 +114,12 @@ def run_one(path: Path, known_hosts: str, canary: bool) -> dict[str, float]:
     t1 = time.perf_counter()
     launch.down(plan.deployment, known_hosts=known_hosts, grace=5)
     down_s = time.perf_counter() - t1
-    return {"healthy_s": result.healthy_s, "up_s": up_s, "down_s": down_s,
-            "control_cpu_s": control_cpu_s}
+    return {
+        "healthy_s": result.healthy_s,
+        "up_s": up_s,
+        "down_s": down_s,
+        "control_cpu_s": control_cpu_s,
+    }
 
 
 def main() -> None:
@@ -129,13 +142,16 @@ def main() -> None:
             t0 = time.perf_counter()
             cluster.start(max(counts))
             if not args.json:
-                print(f"started {max(counts)} sshd in {time.perf_counter() - t0:.1f}s",
-                      file=sys.stderr)
+                print(
+                    f"started {max(counts)} sshd in {time.perf_counter() - t0:.1f}s",
+                    file=sys.stderr,
+                )
             for n in counts:
                 path = tmp / f"bench-{n}.yaml"
                 path.write_text(yaml.safe_dump(topology(n, cluster, tmp, bins), sort_keys=False))
-                runs = [run_one(path, str(cluster.known_hosts), args.canary)
-                        for _ in range(args.repeat)]
+                runs = [
+                    run_one(path, str(cluster.known_hosts), args.canary) for _ in range(args.repeat)
+                ]
                 results[n] = {
                     key: {
                         "median": statistics.median(r[key] for r in runs),
@@ -146,11 +162,14 @@ def main() -> None:
                 }
                 if not args.json:
                     r = results[n]
-                    print(f"{n:3d} host(s), {2 * n + 1:3d} processes: healthy "
-                          f"{r['healthy_s']['median']:.2f}s (min {r['healthy_s']['min']:.2f}, "
-                          f"max {r['healthy_s']['max']:.2f})  up {r['up_s']['median']:.2f}s  "
-                          f"down {r['down_s']['median']:.2f}s  "
-                          f"pdlaunch cpu {r['control_cpu_s']['median']:.2f}s", file=sys.stderr)
+                    print(
+                        f"{n:3d} host(s), {2 * n + 1:3d} processes: healthy "
+                        f"{r['healthy_s']['median']:.2f}s (min {r['healthy_s']['min']:.2f}, "
+                        f"max {r['healthy_s']['max']:.2f})  up {r['up_s']['median']:.2f}s  "
+                        f"down {r['down_s']['median']:.2f}s  "
+                        f"pdlaunch cpu {r['control_cpu_s']['median']:.2f}s",
+                        file=sys.stderr,
+                    )
     base = results[counts[0]]["healthy_s"]["median"]
     ratios = {n: results[n]["healthy_s"]["median"] / base for n in counts}
     report = {
@@ -167,8 +186,10 @@ def main() -> None:
         for n in counts[1:]:
             print(f"wall({n})/wall({counts[0]}) = {ratios[n]:.2f}")
         la = os.getloadavg()
-        print(f"({os.cpu_count()} CPUs, load average {la[0]:.1f} {la[1]:.1f} {la[2]:.1f}: every "
-              "simulated host's sshd and engines share them)")
+        print(
+            f"({os.cpu_count()} CPUs, load average {la[0]:.1f} {la[1]:.1f} {la[2]:.1f}: every "
+            "simulated host's sshd and engines share them)"
+        )
 
 
 if __name__ == "__main__":

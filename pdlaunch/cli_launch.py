@@ -158,8 +158,13 @@ def _failure_json(exc: Exception) -> dict[str, Any]:
     if isinstance(exc, launch.LaunchError):
         data["rolled_back"] = exc.rolled_back
         data["failures"] = [
-            {"process": f.name, "host": f.host, "reason": f.reason, "log": f.log_path,
-             "log_tail": f.log_tail}
+            {
+                "process": f.name,
+                "host": f.host,
+                "reason": f.reason,
+                "log": f.log_path,
+                "log_tail": f.log_tail,
+            }
             for f in exc.failures
         ]
     return data
@@ -179,8 +184,7 @@ def resolve_deployment(target: str | None, as_json: bool = False) -> str:
             err.print(f"[bold red]error[/] no deployment is recorded in {state_root()}")
         else:
             err.print(
-                "[bold red]error[/] several deployments are recorded; name one: "
-                + ", ".join(names)
+                "[bold red]error[/] several deployments are recorded; name one: " + ", ".join(names)
             )
         raise typer.Exit(EXIT_INPUT)
     path = Path(target)
@@ -291,8 +295,11 @@ def up_cmd(
                 "healthy_s": round(result.healthy_s, 3),
                 "canary": None
                 if result.canary is None
-                else {"ok": result.canary.ok, "message": result.canary.message,
-                      **result.canary.details},
+                else {
+                    "ok": result.canary.ok,
+                    "message": result.canary.message,
+                    **result.canary.details,
+                },
             }
         )
         return
@@ -340,8 +347,14 @@ def down_cmd(
             err.print(f"[bold red]error[/] {exc}")
         raise typer.Exit(EXIT_FAILED) from None
     if as_json:
-        print_json({"ok": True, "deployment": deployment, "stopped": result.stopped,
-                    "message": result.message})
+        print_json(
+            {
+                "ok": True,
+                "deployment": deployment,
+                "stopped": result.stopped,
+                "message": result.message,
+            }
+        )
     else:
         out.print(result.message)
 
@@ -382,9 +395,7 @@ def status_cmd(
         else:
             out.print(f"{deployment}: not running (nothing recorded)")
         raise typer.Exit(EXIT_FAILED)
-    good = all(
-        r["alive"] and r["health"] in ("healthy", "headless") for r in rows
-    )
+    good = all(r["alive"] and r["health"] in ("healthy", "headless") for r in rows)
     if as_json:
         print_json(
             {
@@ -402,13 +413,20 @@ def status_cmd(
             table.add_column(col, overflow="fold")
         for r in rows:
             alive = (
-                "[green]yes[/]" if r["alive"] else "[red]no[/]" if r["alive"] is False
+                "[green]yes[/]"
+                if r["alive"]
+                else "[red]no[/]"
+                if r["alive"] is False
                 else f"[yellow]?[/] {r['error'] or ''}"
             )
             hl = r["health"] or ""
             hstyle = "green" if hl in ("healthy", "headless") else "red"
             table.add_row(
-                r["process"], r["host"], str(r["pid"] or ""), alive, f"[{hstyle}]{hl}[/]",
+                r["process"],
+                r["host"],
+                str(r["pid"] or ""),
+                alive,
+                f"[{hstyle}]{hl}[/]",
                 _uptime(r["uptime_s"]),
             )
         out.print(table)

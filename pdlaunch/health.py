@@ -111,8 +111,9 @@ def base_url(health_url: str) -> str:
 def tokens_by_source(health_urls: Iterable[str], source: str, timeout: float = 5.0) -> float:
     """Sum of ``prompt_tokens_by_source_total{source=...}`` over the engines' /metrics."""
     return sum(
-        metric_sum(get_text(base_url(u) + "/metrics", timeout), PROMPT_TOKENS_BY_SOURCE,
-                   source=source)
+        metric_sum(
+            get_text(base_url(u) + "/metrics", timeout), PROMPT_TOKENS_BY_SOURCE, source=source
+        )
         for u in health_urls
     )
 

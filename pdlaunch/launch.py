@@ -464,8 +464,7 @@ class _Run:
                     if not alive:
                         reason = "exited during start"
                         failures.append(
-                            Failure(p.name, p.host, reason, p.log_path,
-                                    _log_tail(host, p.log_path))
+                            Failure(p.name, p.host, reason, p.log_path, _log_tail(host, p.log_path))
                         )
                         self.set(p.name, "failed", reason)
                         abort.set()
@@ -594,7 +593,8 @@ def up(plan: Plan, opts: UpOptions, reporter: Reporter | None = None) -> UpResul
             if missing:
                 lines = [f"{var} (for {', '.join(procs)})" for var, procs in missing.items()]
                 raise LaunchError(
-                    "secret(s) not set in this shell: " + "; ".join(lines)
+                    "secret(s) not set in this shell: "
+                    + "; ".join(lines)
                     + ". Export them before `pdlaunch up`; nothing was started."
                 )
 
@@ -676,11 +676,19 @@ def _up_steps(
         if not canary.ok:
             r = plan.router
             host = _proc_host(run.pool, r)
-            fails = [Failure("router", r.host, canary.message, r.log_path,
-                             _log_tail(host, r.log_path))]
+            fails = [
+                Failure("router", r.host, canary.message, r.log_path, _log_tail(host, r.log_path))
+            ]
             for d in plan.by_role("decode")[:1]:
-                fails.append(Failure(d.name, d.host, "decode log", d.log_path,
-                                     _log_tail(_proc_host(run.pool, d), d.log_path)))
+                fails.append(
+                    Failure(
+                        d.name,
+                        d.host,
+                        "decode log",
+                        d.log_path,
+                        _log_tail(_proc_host(run.pool, d), d.log_path),
+                    )
+                )
             raise LaunchError(f"canary failed: {canary.message}", fails)
 
     run.state.status = "up"

@@ -91,37 +91,47 @@ def _cmd_versions(params: Mapping[str, Any]) -> str:
 
 def _cmd_reach(params: Mapping[str, Any]) -> str:
     py = params.get("python", "python3")
-    return (f"{_need(_q(py))}{_q(py)} -c {_q(REACH_SNIPPET)} "
-            f"{_q(params['host'])} {int(params['port'])} {float(params.get('timeout', 3))}")
+    return (
+        f"{_need(_q(py))}{_q(py)} -c {_q(REACH_SNIPPET)} "
+        f"{_q(params['host'])} {int(params['port'])} {float(params.get('timeout', 3))}"
+    )
 
 
 def _cmd_hccn_loop(flag: str) -> Any:
     def build(params: Mapping[str, Any]) -> str:
         npus = _ints(params.get("npus") or range(8))
-        return (f"{_ASCEND_PATH}; {_need('hccn_tool')}for i in {npus}; do echo \"== npu $i ==\"; "
-                f"hccn_tool -i $i {flag} -g 2>&1; done")
+        return (
+            f'{_ASCEND_PATH}; {_need("hccn_tool")}for i in {npus}; do echo "== npu $i =="; '
+            f"hccn_tool -i $i {flag} -g 2>&1; done"
+        )
 
     return build
 
 
 def _cmd_hccn_tls(params: Mapping[str, Any]) -> str:
     npus = _ints(params.get("npus") or range(8))
-    return (f"{_ASCEND_PATH}; {_need('hccn_tool')}for i in {npus}; do "
-            "hccn_tool -i $i -tls -g 2>&1 | grep switch; done")
+    return (
+        f"{_ASCEND_PATH}; {_need('hccn_tool')}for i in {npus}; do "
+        "hccn_tool -i $i -tls -g 2>&1 | grep switch; done"
+    )
 
 
 def _cmd_hccn_ping(params: Mapping[str, Any]) -> str:
     # params["pairs"]: [(local_npu, peer_ip), ...]
     parts = [f"{_ASCEND_PATH}; {_need('hccn_tool')}"]
     for npu, ip in params.get("pairs") or []:
-        parts.append(f"echo {_q(f'== npu {int(npu)} -> {ip} ==')}; "
-                     f"hccn_tool -i {int(npu)} -ping -g address {_q(ip)} 2>&1; ")
+        parts.append(
+            f"echo {_q(f'== npu {int(npu)} -> {ip} ==')}; "
+            f"hccn_tool -i {int(npu)} -ping -g address {_q(ip)} 2>&1; "
+        )
     return "".join(parts)
 
 
 def _cmd_hl_links(params: Mapping[str, Any]) -> str:
-    return (f"{_need('hl-smi')}for b in $(hl-smi -Q bus_id -f csv,noheader); do "
-            "echo \"== $b ==\"; hl-smi -n link -i \"$b\"; done")
+    return (
+        f"{_need('hl-smi')}for b in $(hl-smi -Q bus_id -f csv,noheader); do "
+        'echo "== $b =="; hl-smi -n link -i "$b"; done'
+    )
 
 
 def _cmd_model(params: Mapping[str, Any]) -> str:
@@ -133,8 +143,10 @@ def _cmd_ib_write_bw(params: Mapping[str, Any]) -> str:
     dflag = f"-d {_q(dev)} " if dev else ""
     gid = params.get("gid_index")
     gflag = f"-x {int(gid)} " if gid is not None else ""
-    return (f"{_need('ib_write_bw')}ib_write_bw {dflag}{gflag}-F -D 5 --report_gbits "
-            f"{_q(params['server'])}")
+    return (
+        f"{_need('ib_write_bw')}ib_write_bw {dflag}{gflag}-F -D 5 --report_gbits "
+        f"{_q(params['server'])}"
+    )
 
 
 # ------------------------------------------------------------------------ the spec
@@ -204,64 +216,140 @@ def _n(devices: Iterable[str] = (), transports: Iterable[str] = ()) -> Needs:
 
 PROBES: tuple[Probe, ...] = (
     # --- RDMA fabric -----------------------------------------------------------------
-    Probe("rdma.sysfs", "RDMA ports (sysfs)",
-          "grep -H . /sys/class/infiniband/*/ports/*/state "
-          "/sys/class/infiniband/*/ports/*/phys_state "
-          "/sys/class/infiniband/*/ports/*/link_layer",
-          p.eval_rdma_sysfs, _n(transports={"rdma"})),
-    Probe("rdma.ibv_devinfo", "RDMA ports (ibv_devinfo)",
-          _need("ibv_devinfo") + "ibv_devinfo -v",
-          p.eval_ibv_devinfo, _n(transports={"rdma"}), alternative_to="rdma.sysfs"),
-    Probe("rdma.link", "RDMA ports (rdma link)",
-          _need("rdma") + "rdma link show",
-          p.eval_rdma_link, _n(transports={"rdma"}), alternative_to="rdma.sysfs"),
+    Probe(
+        "rdma.sysfs",
+        "RDMA ports (sysfs)",
+        "grep -H . /sys/class/infiniband/*/ports/*/state "
+        "/sys/class/infiniband/*/ports/*/phys_state "
+        "/sys/class/infiniband/*/ports/*/link_layer",
+        p.eval_rdma_sysfs,
+        _n(transports={"rdma"}),
+    ),
+    Probe(
+        "rdma.ibv_devinfo",
+        "RDMA ports (ibv_devinfo)",
+        _need("ibv_devinfo") + "ibv_devinfo -v",
+        p.eval_ibv_devinfo,
+        _n(transports={"rdma"}),
+        alternative_to="rdma.sysfs",
+    ),
+    Probe(
+        "rdma.link",
+        "RDMA ports (rdma link)",
+        _need("rdma") + "rdma link show",
+        p.eval_rdma_link,
+        _n(transports={"rdma"}),
+        alternative_to="rdma.sysfs",
+    ),
     # --- UCX -------------------------------------------------------------------------
-    Probe("ucx.transports", "UCX transports vs UCX_TLS",
-          _need("ucx_info") + "ucx_info -d | grep -E 'Memory domain:|Component:|Transport:|"
-          "Device:|Type:|no supported devices'",
-          p.eval_ucx_transports, _n(transports={"ucx"}), timeout_s=60.0),
+    Probe(
+        "ucx.transports",
+        "UCX transports vs UCX_TLS",
+        _need("ucx_info") + "ucx_info -d | grep -E 'Memory domain:|Component:|Transport:|"
+        "Device:|Type:|no supported devices'",
+        p.eval_ucx_transports,
+        _n(transports={"ucx"}),
+        timeout_s=60.0,
+    ),
     Probe("ucx.env", "stray UCX_* variables", "env", p.eval_ucx_env, _n(transports={"ucx"})),
     # --- NVIDIA ----------------------------------------------------------------------
-    Probe("nvidia.smi", "GPUs and free memory",
-          _need("nvidia-smi") + "nvidia-smi --query-gpu=index,name,memory.total,memory.free "
-          "--format=csv,noheader,nounits",
-          p.eval_nvidia_smi, _n(devices={"nvidia"})),
-    Probe("nvidia.peermem", "GPUDirect RDMA module",
-          _need("lsmod") + "lsmod",
-          p.eval_peermem, _n(devices={"nvidia"}, transports={"rdma"})),
+    Probe(
+        "nvidia.smi",
+        "GPUs and free memory",
+        _need("nvidia-smi") + "nvidia-smi --query-gpu=index,name,memory.total,memory.free "
+        "--format=csv,noheader,nounits",
+        p.eval_nvidia_smi,
+        _n(devices={"nvidia"}),
+    ),
+    Probe(
+        "nvidia.peermem",
+        "GPUDirect RDMA module",
+        _need("lsmod") + "lsmod",
+        p.eval_peermem,
+        _n(devices={"nvidia"}, transports={"rdma"}),
+    ),
     # --- Gaudi -----------------------------------------------------------------------
-    Probe("gaudi.devices", "HPUs and free memory",
-          _need("hl-smi") + "hl-smi -Q index,name,memory.total,memory.free "
-          "-f csv,noheader,nounits",
-          p.eval_hl_smi, _n(devices={"gaudi"})),
-    Probe("gaudi.links", "Gaudi port link state", _cmd_hl_links, p.eval_hl_links,
-          _n(devices={"gaudi"}), timeout_s=60.0),
+    Probe(
+        "gaudi.devices",
+        "HPUs and free memory",
+        _need("hl-smi") + "hl-smi -Q index,name,memory.total,memory.free -f csv,noheader,nounits",
+        p.eval_hl_smi,
+        _n(devices={"gaudi"}),
+    ),
+    Probe(
+        "gaudi.links",
+        "Gaudi port link state",
+        _cmd_hl_links,
+        p.eval_hl_links,
+        _n(devices={"gaudi"}),
+        timeout_s=60.0,
+    ),
     # --- Ascend ----------------------------------------------------------------------
-    Probe("ascend.npu_smi", "NPUs, health and HBM",
-          f"{_ASCEND_PATH}; {_need('npu-smi')}npu-smi info",
-          p.eval_npu_smi, _n(devices={"ascend"})),
-    Probe("ascend.hccn_conf", "/etc/hccn.conf", "cat /etc/hccn.conf",
-          p.eval_hccn_conf, _n(devices={"ascend"})),
-    Probe("ascend.link", "NPU NIC link", _cmd_hccn_loop("-link"), p.eval_hccn_link,
-          _n(devices={"ascend"})),
-    Probe("ascend.ip", "NPU NIC address", _cmd_hccn_loop("-ip"), p.eval_hccn_ip,
-          _n(devices={"ascend"})),
-    Probe("ascend.tls", "NPU TLS switch", _cmd_hccn_tls, p.eval_hccn_tls,
-          _n(devices={"ascend"})),
-    Probe("ascend.ping", "prefill NPU -> decode NPU ping", _cmd_hccn_ping, p.eval_hccn_ping,
-          _n(devices={"ascend"}), scope="pair", timeout_s=120.0, fast=False),
+    Probe(
+        "ascend.npu_smi",
+        "NPUs, health and HBM",
+        f"{_ASCEND_PATH}; {_need('npu-smi')}npu-smi info",
+        p.eval_npu_smi,
+        _n(devices={"ascend"}),
+    ),
+    Probe(
+        "ascend.hccn_conf",
+        "/etc/hccn.conf",
+        "cat /etc/hccn.conf",
+        p.eval_hccn_conf,
+        _n(devices={"ascend"}),
+    ),
+    Probe(
+        "ascend.link",
+        "NPU NIC link",
+        _cmd_hccn_loop("-link"),
+        p.eval_hccn_link,
+        _n(devices={"ascend"}),
+    ),
+    Probe(
+        "ascend.ip",
+        "NPU NIC address",
+        _cmd_hccn_loop("-ip"),
+        p.eval_hccn_ip,
+        _n(devices={"ascend"}),
+    ),
+    Probe("ascend.tls", "NPU TLS switch", _cmd_hccn_tls, p.eval_hccn_tls, _n(devices={"ascend"})),
+    Probe(
+        "ascend.ping",
+        "prefill NPU -> decode NPU ping",
+        _cmd_hccn_ping,
+        p.eval_hccn_ping,
+        _n(devices={"ascend"}),
+        scope="pair",
+        timeout_s=120.0,
+        fast=False,
+    ),
     # --- every host --------------------------------------------------------------------
-    Probe("ports.listen", "planned ports free", _need("ss") + "ss -ltnH",
-          p.eval_ports_free),
-    Probe("ports.reach", "peer can reach planned port", _cmd_reach, p.eval_port_reach,
-          scope="pair", timeout_s=15.0),
-    Probe("versions", "python / vLLM / NIXL versions", _cmd_versions, p.eval_versions,
-          timeout_s=60.0),
+    Probe("ports.listen", "planned ports free", _need("ss") + "ss -ltnH", p.eval_ports_free),
+    Probe(
+        "ports.reach",
+        "peer can reach planned port",
+        _cmd_reach,
+        p.eval_port_reach,
+        scope="pair",
+        timeout_s=15.0,
+    ),
+    Probe(
+        "versions", "python / vLLM / NIXL versions", _cmd_versions, p.eval_versions, timeout_s=60.0
+    ),
     Probe("model.path", "local model path", _cmd_model, p.eval_model_path),
     # --- optional --------------------------------------------------------------------
-    Probe("bandwidth.ib_write_bw", "RDMA write bandwidth", _cmd_ib_write_bw,
-          p.eval_ib_write_bw, _n(transports={"rdma"}), scope="pair", timeout_s=60.0,
-          fast=False, optional=True),
+    Probe(
+        "bandwidth.ib_write_bw",
+        "RDMA write bandwidth",
+        _cmd_ib_write_bw,
+        p.eval_ib_write_bw,
+        _n(transports={"rdma"}),
+        scope="pair",
+        timeout_s=60.0,
+        fast=False,
+        optional=True,
+    ),
 )
 
 PROBES_BY_ID: dict[str, Probe] = {pr.id: pr for pr in PROBES}

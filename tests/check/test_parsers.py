@@ -34,8 +34,14 @@ def statuses(results: list[CheckResult]) -> list[Status]:
 
 def test_result_to_dict_and_worst():
     r = CheckResult("x", "h", Status.WARN, "m", "f", {"a": 1})
-    assert r.to_dict() == {"probe": "x", "target": "h", "status": "WARN", "message": "m",
-                           "fix": "f", "data": {"a": 1}}
+    assert r.to_dict() == {
+        "probe": "x",
+        "target": "h",
+        "status": "WARN",
+        "message": "m",
+        "fix": "f",
+        "data": {"a": 1},
+    }
     assert worst([]) is Status.SKIP
     assert worst([r, CheckResult("y", "h", Status.OK, "")]) is Status.WARN
     assert has_failure([CheckResult("y", "h", Status.FAIL, "")])
@@ -54,11 +60,14 @@ def test_ibv_devinfo_roce_mixed():
     assert all(x.phys_state is None for x in ports)  # only -v prints phys_state
     res = p.eval_ibv_devinfo(CommandOutput(0, fx("ibv_devinfo_roce_mixed.txt")), ctx())
     assert statuses(res) == [Status.OK, Status.WARN, Status.OK]  # unused down port: WARN
-    res = p.eval_ibv_devinfo(CommandOutput(0, fx("ibv_devinfo_roce_mixed.txt")),
-                             ctx(devices=["mlx5_1"]))
+    res = p.eval_ibv_devinfo(
+        CommandOutput(0, fx("ibv_devinfo_roce_mixed.txt")), ctx(devices=["mlx5_1"])
+    )
     assert statuses(res) == [Status.FAIL]  # planned port down
-    res = p.eval_ibv_devinfo(CommandOutput(0, fx("ibv_devinfo_roce_mixed.txt")),
-                             ctx(devices=["mlx5_0"], link_layer="InfiniBand"))
+    res = p.eval_ibv_devinfo(
+        CommandOutput(0, fx("ibv_devinfo_roce_mixed.txt")),
+        ctx(devices=["mlx5_0"], link_layer="InfiniBand"),
+    )
     assert statuses(res) == [Status.FAIL] and "link layer" in res[0].message
 
 
@@ -68,21 +77,29 @@ def test_ibv_devinfo_vv_ib_port_down():
         ("mlx5_0:1", "ACTIVE", "LINK_UP", "InfiniBand"),
         ("mlx5_1:1", "DOWN", "DISABLED", "InfiniBand"),
     ]
-    res = p.eval_ibv_devinfo(CommandOutput(0, fx("ibv_devinfo_vv_ib_port_down.txt")),
-                             ctx(devices=["mlx5_0:1", "mlx5_2"], link_layer="InfiniBand"))
+    res = p.eval_ibv_devinfo(
+        CommandOutput(0, fx("ibv_devinfo_vv_ib_port_down.txt")),
+        ctx(devices=["mlx5_0:1", "mlx5_2"], link_layer="InfiniBand"),
+    )
     assert statuses(res) == [Status.FAIL, Status.OK]
     assert "mlx5_2 not present" in res[0].message
 
 
 def test_sysfs_healthy_and_disabled_and_absent():
-    ok = p.eval_rdma_sysfs(CommandOutput(0, fx("sysfs_ib_healthy.txt")),
-                           ctx(link_layer="InfiniBand"))
+    ok = p.eval_rdma_sysfs(
+        CommandOutput(0, fx("sysfs_ib_healthy.txt")), ctx(link_layer="InfiniBand")
+    )
     assert statuses(ok) == [Status.OK]
     assert ok[0].data["phys_state"] == "LINK_UP"
     bad = p.eval_rdma_sysfs(CommandOutput(0, fx("sysfs_port_disabled.txt")), ctx())
     assert Status.FAIL in statuses(bad)  # no ACTIVE port at all
-    assert bad[0].data == {"device": "mlx5_0", "port": 1, "state": "DOWN",
-                           "phys_state": "DISABLED", "link_layer": "Ethernet"}
+    assert bad[0].data == {
+        "device": "mlx5_0",
+        "port": 1,
+        "state": "DOWN",
+        "phys_state": "DISABLED",
+        "link_layer": "Ethernet",
+    }
     none = CommandOutput(2, "", fx("sysfs_missing.stderr"))
     assert statuses(p.eval_rdma_sysfs(none, ctx(required=True))) == [Status.FAIL]
     assert statuses(p.eval_rdma_sysfs(none, ctx(required=False))) == [Status.SKIP]
@@ -96,9 +113,13 @@ def test_rdma_link_forms():
     ]
     ib = p.parse_rdma_link(fx("rdma_link_ib_and_roce.txt"))
     assert [(x.name, x.state) for x in ib] == [
-        ("ibp23s0:1", "ACTIVE"), ("roceo1:1", "ACTIVE"), ("roceo2:1", "DOWN")]
-    res = p.eval_rdma_link(CommandOutput(0, fx("rdma_link_mixed.txt")),
-                           ctx(devices=["mlx5_0", "mlx5_2"]))
+        ("ibp23s0:1", "ACTIVE"),
+        ("roceo1:1", "ACTIVE"),
+        ("roceo2:1", "DOWN"),
+    ]
+    res = p.eval_rdma_link(
+        CommandOutput(0, fx("rdma_link_mixed.txt")), ctx(devices=["mlx5_0", "mlx5_2"])
+    )
     assert statuses(res) == [Status.OK, Status.OK]
     nl = CommandOutput(1, "", fx("rdma_link_no_netlink.stderr"))
     assert statuses(p.eval_rdma_link(nl, ctx())) == [Status.FAIL]
@@ -113,8 +134,21 @@ def test_ucx_transports_parse():
     tls = p.parse_ucx_transports(fx("ucx_info_d_ib_cuda.txt"))
     assert tls["tcp"] == ["ens21f0", "ib0", "lo"]
     assert tls["rc_mlx5"] == ["mlx5_0:1"]
-    assert set(tls) == {"self", "tcp", "sysv", "posix", "cuda_copy", "cuda_ipc", "gdr_copy",
-                        "dc_mlx5", "rc_verbs", "rc_mlx5", "ud_verbs", "ud_mlx5", "cma"}
+    assert set(tls) == {
+        "self",
+        "tcp",
+        "sysv",
+        "posix",
+        "cuda_copy",
+        "cuda_ipc",
+        "gdr_copy",
+        "dc_mlx5",
+        "rc_verbs",
+        "rc_mlx5",
+        "ud_verbs",
+        "ud_mlx5",
+        "cma",
+    }
     grep_only = p.parse_ucx_transports(fx("ucx_info_d_hpcx_transports.txt"))
     assert "cuda_copy" in grep_only and "rc_mlx5" in grep_only
 
@@ -162,8 +196,10 @@ def test_ucx_eval():
 def test_ucx_env():
     env = p.parse_env(fx("env_stray_ucx.txt"))
     assert env["UCX_TLS"] == "tcp" and env["HOME"] == "/root"
-    res = p.eval_ucx_env(CommandOutput(0, fx("env_stray_ucx.txt")),
-                         ctx(planned_env={"UCX_TLS": "tcp", "UCX_NET_DEVICES": "mlx5_1:1"}))
+    res = p.eval_ucx_env(
+        CommandOutput(0, fx("env_stray_ucx.txt")),
+        ctx(planned_env={"UCX_TLS": "tcp", "UCX_NET_DEVICES": "mlx5_1:1"}),
+    )
     msgs = {r.data["var"]: r for r in res}
     assert set(msgs) == {"UCX_NET_DEVICES", "UCX_LOG_LEVEL"}  # UCX_TLS matches the plan
     assert all(r.status is Status.WARN for r in res)
@@ -189,8 +225,9 @@ def test_nvidia_smi_csv_and_thresholds():
 
 
 def test_nvidia_smi_tolerates_units_and_na():
-    devs = p.parse_smi_csv("index, name, memory.total [MiB], memory.free [MiB]\n"
-                           "0, Tesla T4, 15360 MiB, [N/A]\n")
+    devs = p.parse_smi_csv(
+        "index, name, memory.total [MiB], memory.free [MiB]\n0, Tesla T4, 15360 MiB, [N/A]\n"
+    )
     assert devs == [p.Accel(0, "Tesla T4", 15360.0, None)]
 
 
@@ -252,15 +289,18 @@ def test_npu_smi_info():
 
 
 def test_hccn_link_ip():
-    link = CommandOutput(0, "== npu 0 ==\n" + fx("hccn_link_up.txt")
-                         + "== npu 1 ==\nlink status: DOWN\n")
+    link = CommandOutput(
+        0, "== npu 0 ==\n" + fx("hccn_link_up.txt") + "== npu 1 ==\nlink status: DOWN\n"
+    )
     assert statuses(p.eval_hccn_link(link, ctx())) == [Status.OK, Status.FAIL]
     ip = fx("hccn_ip_doc.txt")  # the published sample masks the address: 10.xx.xx.10
     res = p.eval_hccn_ip(CommandOutput(0, "== npu 0 ==\n" + ip), ctx())
     assert statuses(res) == [Status.WARN]
     real = ip.replace("10.xx.xx.10", "29.1.137.205")
-    res = p.eval_hccn_ip(CommandOutput(0, "== npu 0 ==\n" + real + "== npu 7 ==\n"),
-                         ctx(expected={0: "29.1.137.205"}))
+    res = p.eval_hccn_ip(
+        CommandOutput(0, "== npu 0 ==\n" + real + "== npu 7 ==\n"),
+        ctx(expected={0: "29.1.137.205"}),
+    )
     assert statuses(res) == [Status.OK, Status.FAIL]
     res = p.eval_hccn_ip(CommandOutput(0, "== npu 0 ==\n" + real), ctx(expected={"0": "1.2.3.4"}))
     assert statuses(res) == [Status.FAIL]
@@ -283,9 +323,18 @@ def test_hccn_tls_host_and_cluster():
 
 def test_hccn_ping():
     assert p.parse_hccn_ping(fx("hccn_ping_ok.txt")) == {
-        "timeouts": 0, "sent": 3, "received": 3, "loss": 0.0}
-    out = CommandOutput(0, "== npu 3 -> 29.1.137.205 ==\n" + fx("hccn_ping_ok.txt")
-                        + "== npu 0 -> 10.10.100.10 ==\n" + fx("hccn_ping_partial_loss.txt"))
+        "timeouts": 0,
+        "sent": 3,
+        "received": 3,
+        "loss": 0.0,
+    }
+    out = CommandOutput(
+        0,
+        "== npu 3 -> 29.1.137.205 ==\n"
+        + fx("hccn_ping_ok.txt")
+        + "== npu 0 -> 10.10.100.10 ==\n"
+        + fx("hccn_ping_partial_loss.txt"),
+    )
     res = p.eval_hccn_ping(out, ctx(target="p0 -> d0"))
     assert statuses(res) == [Status.OK, Status.FAIL]
     assert res[1].data["loss"] == pytest.approx(33.33) and res[1].target == "p0 -> d0"
@@ -310,17 +359,30 @@ def test_ss_listeners_forms():
     assert ("0.0.0.0", 18000) in ls and ("::", 18001) in ls and ("127.0.0.1", 18002) in ls
     assert ("::1", 18003) in ls and ("*", 18004) in ls
     assert p.parse_ss_listeners("LISTEN 0 4096 127.0.0.53%lo:53 0.0.0.0:*\n") == [
-        ("127.0.0.53", 53)]
+        ("127.0.0.53", 53)
+    ]
 
 
 def test_ports_free():
     out = CommandOutput(0, fx("ss_ltnH_local.txt"))
-    planned = {18000: "http", 18001: "nixl side channel", 18002: "kv", 18003: "x",
-               18004: "y", 18099: "free one"}
+    planned = {
+        18000: "http",
+        18001: "nixl side channel",
+        18002: "kv",
+        18003: "x",
+        18004: "y",
+        18099: "free one",
+    }
     res = p.eval_ports_free(out, ctx(ports=planned))
     by_port = {r.data["port"]: r.status for r in res}
-    assert by_port == {18000: Status.FAIL, 18001: Status.FAIL, 18002: Status.FAIL,
-                       18003: Status.FAIL, 18004: Status.FAIL, 18099: Status.OK}
+    assert by_port == {
+        18000: Status.FAIL,
+        18001: Status.FAIL,
+        18002: Status.FAIL,
+        18003: Status.FAIL,
+        18004: Status.FAIL,
+        18099: Status.OK,
+    }
     assert statuses(p.eval_ports_free(out, ctx(ports=[18099]))) == [Status.OK]
     assert statuses(p.eval_ports_free(out, ctx())) == [Status.SKIP]
 
@@ -332,8 +394,9 @@ def test_port_reach():
     assert statuses(refused) == [Status.OK] and "nothing listening" in refused[0].message
     dns = p.eval_port_reach(CommandOutput(0, fx("reach_dns_error.json")), ctx())
     assert statuses(dns) == [Status.FAIL] and "Name or service" in dns[0].message
-    timeout = json.dumps({"host": "10.0.0.9", "pdlaunch_probe": 1, "port": 8000,
-                          "result": "timeout"})  # our own format; no route to force one here
+    timeout = json.dumps(
+        {"host": "10.0.0.9", "pdlaunch_probe": 1, "port": 8000, "result": "timeout"}
+    )  # our own format; no route to force one here
     assert statuses(p.eval_port_reach(CommandOutput(0, timeout), ctx())) == [Status.FAIL]
 
 
@@ -343,8 +406,9 @@ def test_port_reach():
 def test_versions_per_host():
     venv = p.parse_versions(fx("versions_venv.json"))
     assert venv["vllm"] == "0.32.0+cpu" and venv["nixl"] == "1.5.1"
-    assert statuses(p.eval_versions(CommandOutput(0, fx("versions_venv.json")),
-                                    ctx(need_nixl=True))) == [Status.OK]
+    assert statuses(
+        p.eval_versions(CommandOutput(0, fx("versions_venv.json")), ctx(need_nixl=True))
+    ) == [Status.OK]
     sysres = p.eval_versions(CommandOutput(0, fx("versions_system_python.json")), ctx())
     assert statuses(sysres) == [Status.FAIL] and "vLLM not installed" in sysres[0].message
     rc = int(fx("versions_python_missing.rc"))
@@ -360,7 +424,9 @@ def test_compare_versions():
     other = dict(venv, vllm="0.31.1", python="3.12.3")
     res = p.compare_versions({"p0": venv, "d0": other})
     assert [(r.status, r.message.split()[0]) for r in res] == [
-        (Status.FAIL, "vllm"), (Status.WARN, "python")]
+        (Status.FAIL, "vllm"),
+        (Status.WARN, "python"),
+    ]
     local = dict(venv, vllm="0.32.0+cu128")
     assert statuses(p.compare_versions({"p0": venv, "d0": local})) == [Status.WARN]
     patch = dict(venv, python="3.11.2")
@@ -386,8 +452,7 @@ def test_ib_write_bw():
     text = fx("ib_write_bw_roce_client.txt")
     assert p.parse_ib_write_bw(text) == {"bytes": 65536.0, "peak_gbps": 0.0, "avg_gbps": 98.03}
     assert statuses(p.eval_ib_write_bw(CommandOutput(0, text), ctx(min_gbps=90))) == [Status.OK]
-    assert statuses(p.eval_ib_write_bw(CommandOutput(0, text), ctx(min_gbps=190))) == [
-        Status.WARN]
+    assert statuses(p.eval_ib_write_bw(CommandOutput(0, text), ctx(min_gbps=190))) == [Status.WARN]
     mb = text.replace("[Gb/sec]", "[MB/sec]")
     assert p.parse_ib_write_bw(mb)["avg_gbps"] == pytest.approx(98.03 * 8 / 1000)
     fail = CommandOutput(1, "", " Couldn't connect to 10.0.0.1:18515\n")
@@ -399,17 +464,35 @@ def test_ib_write_bw():
 
 def test_probe_selection_and_rendering():
     nv = [pr.id for pr in select_probes({"nvidia"}, {"rdma", "ucx"})]
-    assert nv == ["rdma.sysfs", "ucx.transports", "ucx.env", "nvidia.smi", "nvidia.peermem",
-                  "ports.listen", "versions", "model.path"]
+    assert nv == [
+        "rdma.sysfs",
+        "ucx.transports",
+        "ucx.env",
+        "nvidia.smi",
+        "nvidia.peermem",
+        "ports.listen",
+        "versions",
+        "model.path",
+    ]
     asc = [pr.id for pr in select_probes({"ascend"}, {"hccl"}, model_is_local=False)]
-    assert asc == ["ascend.npu_smi", "ascend.hccn_conf", "ascend.link", "ascend.ip",
-                   "ascend.tls", "ports.listen", "versions"]
+    assert asc == [
+        "ascend.npu_smi",
+        "ascend.hccn_conf",
+        "ascend.link",
+        "ascend.ip",
+        "ascend.tls",
+        "ports.listen",
+        "versions",
+    ]
     pairs = [pr.id for pr in select_probes({"ascend"}, {"rdma"}, scope="pair", bandwidth=True)]
     assert pairs == ["ascend.ping", "ports.reach", "bandwidth.ib_write_bw"]
     assert "bandwidth.ib_write_bw" not in [
-        pr.id for pr in select_probes({"nvidia"}, {"rdma"}, scope="pair")]
+        pr.id for pr in select_probes({"nvidia"}, {"rdma"}, scope="pair")
+    ]
     assert [pr.id for pr in select_probes({"gaudi"}, {"ucx"}, fast_only=True)][:2] == [
-        "ucx.transports", "ucx.env"]
+        "ucx.transports",
+        "ucx.env",
+    ]
     cmd = PROBES_BY_ID["ascend.ping"].render({"pairs": [(0, "29.1.137.205")]})
     assert "hccn_tool -i 0 -ping -g address 29.1.137.205" in cmd
     cmd = PROBES_BY_ID["model.path"].render({"path": "/models/it's here"})
@@ -422,7 +505,8 @@ def test_probe_selection_and_rendering():
 @given(rc=st.integers(-2, 255), out=st.text(max_size=300), err=st.text(max_size=100))
 def test_evaluators_never_raise(rc, out, err):
     for pr in PROBES:
-        res = pr.run_parse(rc, out, err, ctx(ucx_tls="rc,cuda_copy", ports=[8000], need=1,
-                                             path="/m", npus=[0]))
+        res = pr.run_parse(
+            rc, out, err, ctx(ucx_tls="rc,cuda_copy", ports=[8000], need=1, path="/m", npus=[0])
+        )
         assert isinstance(res, list) and res
         assert all(isinstance(r, CheckResult) for r in res)

@@ -69,13 +69,32 @@ def make_deployment(tmp_path, fake_bins):
                 "vllm_bin": str(fake_bins["vllm"]),
                 "env": dict(env or {}),
             },
-            "prefill": [{"host": host, "device": "cpu", "port": ports["prefill"], "bind": host,
-                         "env": dict(prefill_env or {})}],
-            "decode": [{"host": host, "device": "cpu", "port": ports["decode"], "bind": host,
-                        "env": dict(decode_env or {})}],
+            "prefill": [
+                {
+                    "host": host,
+                    "device": "cpu",
+                    "port": ports["prefill"],
+                    "bind": host,
+                    "env": dict(prefill_env or {}),
+                }
+            ],
+            "decode": [
+                {
+                    "host": host,
+                    "device": "cpu",
+                    "port": ports["decode"],
+                    "bind": host,
+                    "env": dict(decode_env or {}),
+                }
+            ],
             "kv_connector": {"side_channel_port": ports["side"]},
-            "router": {"host": host, "bind": host, "port": ports["router"],
-                       "binary": str(fake_bins["router"]), "env": dict(router_env or {})},
+            "router": {
+                "host": host,
+                "bind": host,
+                "port": ports["router"],
+                "binary": str(fake_bins["router"]),
+                "env": dict(router_env or {}),
+            },
         }
         if ssh is not None:
             spec["hosts"] = {host: {"local": False, "ssh": ssh}}
@@ -89,5 +108,3 @@ def make_deployment(tmp_path, fake_bins):
         for pid in procs_under(dep.work_root):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-
-

@@ -98,10 +98,19 @@ def main(argv: list[str]) -> int:
             with pick:
                 p, d = next(prefills), next(decodes)
             if mode != "bypass":
-                pre = dict(body, max_tokens=1, stream=False, kv_transfer_params={
-                    "do_remote_decode": True, "do_remote_prefill": False,
-                    "remote_engine_id": None, "remote_block_ids": None,
-                    "remote_host": None, "remote_port": None})
+                pre = dict(
+                    body,
+                    max_tokens=1,
+                    stream=False,
+                    kv_transfer_params={
+                        "do_remote_decode": True,
+                        "do_remote_prefill": False,
+                        "remote_engine_id": None,
+                        "remote_block_ids": None,
+                        "remote_host": None,
+                        "remote_port": None,
+                    },
+                )
                 code, raw = post(p + self.path, pre)
                 if code != 200:
                     self._send(code, raw)

@@ -84,8 +84,13 @@ class Engine:
         if path == "/metrics":
             return 200, "text/plain; version=0.0.4", self.metrics().encode()
         if path in ("/v1/models", "/models"):
-            return _json(200, {"object": "list", "data": [
-                {"id": self.model, "object": "model", "owned_by": "fake-vllm"}]})
+            return _json(
+                200,
+                {
+                    "object": "list",
+                    "data": [{"id": self.model, "object": "model", "owned_by": "fake-vllm"}],
+                },
+            )
         if path == "/version":
             return _json(200, {"version": "0.0.0-fake"})
         return _json(404, {"error": f"no route {path}"})
@@ -134,20 +139,29 @@ class Engine:
             count = self.requests
         text = " tok" * max_tokens
         if path == "/v1/chat/completions":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "finish_reason": "length"}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "length",
+            }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
-        return _json(200, {
-            "id": f"cmpl-fake-{count}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": self.model,
-            "choices": [choice],
-            "usage": {"prompt_tokens": n, "completion_tokens": max_tokens,
-                      "total_tokens": n + max_tokens},
-            "kv_transfer_params": out_kv,
-        })
+        return _json(
+            200,
+            {
+                "id": f"cmpl-fake-{count}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": self.model,
+                "choices": [choice],
+                "usage": {
+                    "prompt_tokens": n,
+                    "completion_tokens": max_tokens,
+                    "total_tokens": n + max_tokens,
+                },
+                "kv_transfer_params": out_kv,
+            },
+        )
 
 
 def _json(code: int, obj: object) -> tuple[int, str, bytes]:
@@ -183,7 +197,8 @@ def _handle(conn: socket.socket, engine: Engine) -> None:
         log(f"{method} {path} -> {code}")
         conn.sendall(
             f"HTTP/1.1 {code} {REASONS.get(code, 'Error')}\r\nContent-Type: {ctype}\r\n"
-            f"Content-Length: {len(out)}\r\nConnection: close\r\n\r\n".encode() + out
+            f"Content-Length: {len(out)}\r\nConnection: close\r\n\r\n".encode()
+            + out
         )
     except (OSError, ValueError):
         pass

@@ -31,7 +31,9 @@ def test_up_status_logs_idempotent_replace_down(make_deployment, state_dir):
     state = load_state("happy")
     assert state is not None and state.status == "up"
     assert {p.name: p.pid is not None for p in state.processes} == {
-        "prefill-0": True, "decode-0": True, "router": True
+        "prefill-0": True,
+        "decode-0": True,
+        "router": True,
     }
     assert sorted(procs_under(dep.work_root)) == sorted(p.pid for p in state.processes)
 
@@ -39,7 +41,9 @@ def test_up_status_logs_idempotent_replace_down(make_deployment, state_dir):
     st = _status_json(dep.path)
     assert st["healthy"] is True
     assert [(r["process"], r["alive"], r["health"]) for r in st["processes"]] == [
-        ("prefill-0", True, "healthy"), ("decode-0", True, "healthy"), ("router", True, "healthy")
+        ("prefill-0", True, "healthy"),
+        ("decode-0", True, "healthy"),
+        ("router", True, "healthy"),
     ]
     assert all(r["uptime_s"] is not None and r["pid"] for r in st["processes"])
     res = cli("status", "happy")
@@ -86,8 +90,9 @@ def test_up_status_logs_idempotent_replace_down(make_deployment, state_dir):
 
 
 def test_process_exits_at_start_rolls_back(make_deployment):
-    dep = make_deployment("exits", decode_env={"FAKE_VLLM_MODE": "exit"},
-                          prefill_env={"FAKE_VLLM_DELAY": "0.3"})
+    dep = make_deployment(
+        "exits", decode_env={"FAKE_VLLM_MODE": "exit"}, prefill_env={"FAKE_VLLM_DELAY": "0.3"}
+    )
     res = cli("up", dep.path, "--timeout", "120")
     assert res.exit_code == 1
     assert "decode-0 on 127.0.0.1: exited during start" in res.output
@@ -208,9 +213,19 @@ def test_second_up_process_refused_and_down_after_killed_up(make_deployment, sta
     dep = make_deployment("crash", prefill_env={"FAKE_VLLM_DELAY": "60"})
     env = dict(os.environ, PDLAUNCH_STATE_DIR=str(state_dir))
     first = subprocess.Popen(
-        [sys.executable, "-c", "from pdlaunch.cli_launch import main; main()",
-         "up", str(dep.path), "--timeout", "120", "--skip-check"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-c",
+            "from pdlaunch.cli_launch import main; main()",
+            "up",
+            str(dep.path),
+            "--timeout",
+            "120",
+            "--skip-check",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 60

@@ -17,8 +17,7 @@ pytestmark = pytest.mark.ssh
 
 
 def _ssh(cluster, h, **over) -> dict:
-    d = {"user": cluster.user, "port": h.port, "key": str(cluster.key_file),
-         "connect_timeout": 5}
+    d = {"user": cluster.user, "port": h.port, "key": str(cluster.key_file), "connect_timeout": 5}
     d.update(over)
     return d
 
@@ -83,8 +82,9 @@ def test_wrong_key_is_refused(make_deployment, sshd_cluster, sshd_host, tmp_path
     assert load_state("wrongkey") is None
 
 
-def test_unknown_host_key_refused_unless_accepted(make_deployment, sshd_cluster, sshd_host,
-                                                  tmp_path):
+def test_unknown_host_key_refused_unless_accepted(
+    make_deployment, sshd_cluster, sshd_host, tmp_path
+):
     known = tmp_path / "known_hosts"
     known.write_text("")
     dep = make_deployment("hostkey", ssh=_ssh(sshd_cluster, sshd_host))
@@ -93,8 +93,16 @@ def test_unknown_host_key_refused_unless_accepted(make_deployment, sshd_cluster,
     assert "host key" in res.output.lower() and "--accept-new-host-keys" in res.output
     assert not dep.work_root.exists()
 
-    res = cli("up", dep.path, "--known-hosts", known, "--accept-new-host-keys", "--no-canary",
-              "--timeout", "120")
+    res = cli(
+        "up",
+        dep.path,
+        "--known-hosts",
+        known,
+        "--accept-new-host-keys",
+        "--no-canary",
+        "--timeout",
+        "120",
+    )
     assert res.exit_code == 0, res.output
     assert f"[127.0.0.1]:{sshd_host.port}" in known.read_text()  # recorded
     assert cli("down", dep.path).exit_code == 0  # the recorded key is trusted now
@@ -102,8 +110,11 @@ def test_unknown_host_key_refused_unless_accepted(make_deployment, sshd_cluster,
 
 
 def test_exit_at_start_over_ssh_leaves_no_orphans(make_deployment, sshd_cluster, sshd_host):
-    dep = make_deployment("sshexit", ssh=_ssh(sshd_cluster, sshd_host),
-                          prefill_env={"FAKE_VLLM_MODE": "exit", "FAKE_VLLM_DELAY": "0.5"})
+    dep = make_deployment(
+        "sshexit",
+        ssh=_ssh(sshd_cluster, sshd_host),
+        prefill_env={"FAKE_VLLM_MODE": "exit", "FAKE_VLLM_DELAY": "0.5"},
+    )
     res = cli("up", dep.path, "--known-hosts", sshd_cluster.known_hosts, "--timeout", "120")
     assert res.exit_code == 1
     assert "prefill-0 on 127.0.0.1: exited during start" in res.output

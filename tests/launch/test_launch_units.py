@@ -60,13 +60,30 @@ def test_state_dir_override_and_round_trip(state_dir):
     assert state_root() == state_dir
     assert deployment_dir("d") == state_dir / "d"
     ps = ProcessState(
-        name="p", role="prefill", host="h", local=False, ssh={"port": 22}, work_dir="/w",
-        script_path="/w/p.sh", log_path="/w/logs/p.log", pid_path="/w/run/p.pid",
-        secrets_path="/w/run/p.secrets.env", health_url=None, ports=[1], script_hash="x",
-        pid=42, start_time=7,
+        name="p",
+        role="prefill",
+        host="h",
+        local=False,
+        ssh={"port": 22},
+        work_dir="/w",
+        script_path="/w/p.sh",
+        log_path="/w/logs/p.log",
+        pid_path="/w/run/p.pid",
+        secrets_path="/w/run/p.secrets.env",
+        health_url=None,
+        ports=[1],
+        script_hash="x",
+        pid=42,
+        start_time=7,
     )
-    st = DeploymentState(deployment="d", topology="/t.yaml", scripts_hash="h", endpoint="e",
-                         served_model_name="m", processes=[ps])
+    st = DeploymentState(
+        deployment="d",
+        topology="/t.yaml",
+        scripts_hash="h",
+        endpoint="e",
+        served_model_name="m",
+        processes=[ps],
+    )
     save_state(st)
     back = load_state("d")
     assert back == st and back.process("p").pid == 42 and back.started() == [ps]
@@ -87,8 +104,9 @@ def test_lock_is_exclusive_across_processes_and_released(state_dir):
             "from pdlaunch.state import DeploymentLock, StateError\n"
             "try:\n    DeploymentLock('d').acquire()\nexcept StateError:\n    raise SystemExit(3)\n"
         )
-        rc = subprocess.run([sys.executable, "-c", code],
-                            env={"PDLAUNCH_STATE_DIR": str(state_dir)}).returncode
+        rc = subprocess.run(
+            [sys.executable, "-c", code], env={"PDLAUNCH_STATE_DIR": str(state_dir)}
+        ).returncode
         assert rc == 3
     with DeploymentLock("d", "down"):
         pass
@@ -124,8 +142,9 @@ def test_missing_secrets_and_secret_file(tmp_path):
     text = launch.secrets_file(plan.processes[0], {"MY_TOKEN": value})
     line = text.splitlines()[-1]
     assert line == "TOKEN=" + shlex.quote(value)
-    out = subprocess.run(["sh", "-c", f'{line}\nprintf %s "$TOKEN"'], capture_output=True,
-                         text=True)
+    out = subprocess.run(
+        ["sh", "-c", f'{line}\nprintf %s "$TOKEN"'], capture_output=True, text=True
+    )
     assert out.stdout == value
 
 
@@ -133,8 +152,12 @@ def test_describe_changes_names_the_changed_lines(tmp_path):
     old_plan, new_plan = _plan(tmp_path), _plan(tmp_path, router_port=9123)
     old_files = render_plan(old_plan)
     old = DeploymentState(
-        deployment="u", topology="", scripts_hash=scripts_hash(old_files), endpoint="",
-        served_model_name="m", file_hashes=launch.file_hashes(old_files),
+        deployment="u",
+        topology="",
+        scripts_hash=scripts_hash(old_files),
+        endpoint="",
+        served_model_name="m",
+        file_hashes=launch.file_hashes(old_files),
         scripts={f.name: f.content for f in old_files if f.name.endswith(".sh")},
     )
     changes = launch.describe_changes(old, render_plan(new_plan))

@@ -28,9 +28,7 @@ EXPECT = {
         "_apply_prefix_caching"
     ),
     ("vllm/distributed/kv_transfer/kv_connector/utils.py", 503): "tp_size",
-    ("vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py", 76): (
-        "SIDE_CHANNEL"
-    ),
+    ("vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py", 76): ("SIDE_CHANNEL"),
 }
 
 

@@ -40,9 +40,11 @@ TOPOLOGIES = ROOT / "topologies"
 # the seed's `...:$LD_LIBRARY_PATH`.
 INHERITED_LD = "/inherited/lib"
 
+
 def test_seed_guides_are_present():
     # CI clones the repo with ../shared beside it; without the guides nothing below can run.
     assert SEEDS.is_dir(), f"seed guides not found at {SEEDS} (clone with ../shared beside it)"
+
 
 FAKE = """#!{python}
 import json, os, sys
