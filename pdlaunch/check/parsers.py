@@ -98,13 +98,21 @@ def _unparsed(probe: str, ctx: ProbeContext, what: str, out: CommandOutput) -> C
     )
 
 
-def _guard(probe: str, what: str) -> Callable[[Evaluator], Evaluator]:
-    """Turn any exception inside an evaluator into a WARN 'could not parse'."""
+def _guard(
+    probe: str, what: str, *, tool: str | None = None, install: str = ""
+) -> Callable[[Evaluator], Evaluator]:
+    """Turn any exception inside an evaluator into a WARN 'could not parse'.
+
+    With ``tool`` (and ``install``, the fix text), an output where
+    :func:`tool_missing` holds becomes :func:`_absent` before the evaluator runs.
+    """
 
     def deco(fn: Evaluator) -> Evaluator:
         @functools.wraps(fn)
         def wrapper(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
             try:
+                if tool is not None and tool_missing(out):
+                    return _absent(probe, ctx, tool, install)
                 return fn(out, ctx)
             except Exception as exc:
                 res = _unparsed(probe, ctx, what, out)
@@ -386,25 +394,21 @@ def eval_rdma_sysfs(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     return eval_rdma_ports("rdma.sysfs", ports, ctx)
 
 
-@_guard("rdma.ibv_devinfo", "ibv_devinfo")
+@_guard(
+    "rdma.ibv_devinfo",
+    "ibv_devinfo",
+    tool="ibv_devinfo",
+    install="install rdma-core (ibverbs-utils / libibverbs-utils)",
+)
 def eval_ibv_devinfo(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
-    if tool_missing(out):
-        return _absent(
-            "rdma.ibv_devinfo",
-            ctx,
-            "ibv_devinfo",
-            "install rdma-core (ibverbs-utils / libibverbs-utils)",
-        )
     ports = parse_ibv_devinfo(out.stdout)
     if not ports and "No IB devices found" not in (out.stdout + out.stderr) and out.stdout.strip():
         return [_unparsed("rdma.ibv_devinfo", ctx, "ibv_devinfo", out)]
     return eval_rdma_ports("rdma.ibv_devinfo", ports, ctx)
 
 
-@_guard("rdma.link", "rdma link")
+@_guard("rdma.link", "rdma link", tool="rdma (iproute2)", install="install iproute2")
 def eval_rdma_link(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
-    if tool_missing(out):
-        return _absent("rdma.link", ctx, "rdma (iproute2)", "install iproute2")
     ports = parse_rdma_link(out.stdout)
     if not ports and out.rc != 0:
         if "NETLINK_RDMA" in out.stderr:
@@ -503,17 +507,15 @@ def ucx_tls_missing(tls: str, available: Iterable[str]) -> list[str]:
     return missing
 
 
-@_guard("ucx.transports", "ucx_info -d")
+@_guard(
+    "ucx.transports",
+    "ucx_info -d",
+    tool="ucx_info",
+    install="install UCX tools (ucx / ucx-utils) or put the NIXL/UCX bin dir on PATH",
+)
 def eval_ucx_transports(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     """params: ``ucx_tls`` (the planned UCX_TLS for this host; empty/None = UCX default)."""
     probe = "ucx.transports"
-    if tool_missing(out):
-        return _absent(
-            probe,
-            ctx,
-            "ucx_info",
-            "install UCX tools (ucx / ucx-utils) or put the NIXL/UCX bin dir on PATH",
-        )
     tls = ctx.params.get("ucx_tls") or ""
     found = parse_ucx_transports(out.stdout)
     if not found:
@@ -731,11 +733,9 @@ def eval_accelerators(
     return results
 
 
-@_guard("nvidia.smi", "nvidia-smi")
+@_guard("nvidia.smi", "nvidia-smi", tool="nvidia-smi", install="install the NVIDIA driver")
 def eval_nvidia_smi(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     probe = "nvidia.smi"
-    if tool_missing(out):
-        return _absent(probe, ctx, "nvidia-smi", "install the NVIDIA driver")
     text = out.stdout + out.stderr
     if "couldn't communicate with the NVIDIA driver" in text:
         return [
@@ -774,12 +774,10 @@ def parse_lsmod(text: str) -> set[str]:
     return mods
 
 
-@_guard("nvidia.peermem", "lsmod")
+@_guard("nvidia.peermem", "lsmod", tool="lsmod", install="install kmod")
 def eval_peermem(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     """GPUDirect RDMA: ``nvidia_peermem`` (or legacy ``nv_peer_mem``) loaded."""
     probe = "nvidia.peermem"
-    if tool_missing(out):
-        return _absent(probe, ctx, "lsmod", "install kmod")
     mods = parse_lsmod(out.stdout)
     if not mods:
         return [_unparsed(probe, ctx, "lsmod", out)]
@@ -800,11 +798,11 @@ def eval_peermem(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     ]
 
 
-@_guard("gaudi.devices", "hl-smi")
+@_guard(
+    "gaudi.devices", "hl-smi", tool="hl-smi", install="install the Intel Gaudi driver (habanalabs)"
+)
 def eval_hl_smi(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     probe = "gaudi.devices"
-    if tool_missing(out):
-        return _absent(probe, ctx, "hl-smi", "install the Intel Gaudi driver (habanalabs)")
     devs = parse_smi_csv(out.stdout)
     if not devs:
         return [_unparsed(probe, ctx, "hl-smi -Q", out)]
@@ -835,11 +833,14 @@ def parse_hl_link(text: str) -> dict[int, str]:
     return out
 
 
-@_guard("gaudi.links", "hl-smi -n link")
+@_guard(
+    "gaudi.links",
+    "hl-smi -n link",
+    tool="hl-smi",
+    install="install the Intel Gaudi driver (habanalabs)",
+)
 def eval_hl_links(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     probe = "gaudi.links"
-    if tool_missing(out):
-        return _absent(probe, ctx, "hl-smi", "install the Intel Gaudi driver (habanalabs)")
     sections = parse_sections(out.stdout) or {"": out.stdout}
     results = []
     seen = 0
@@ -901,12 +902,12 @@ def parse_npu_smi_info(text: str) -> list[Npu]:
     return npus
 
 
-@_guard("ascend.npu_smi", "npu-smi info")
+@_guard(
+    "ascend.npu_smi", "npu-smi info", tool="npu-smi", install="install the Ascend driver (npu-smi)"
+)
 def eval_npu_smi(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     """params: ``need``, ``devices`` (optional indices), ``min_free_fraction``."""
     probe = "ascend.npu_smi"
-    if tool_missing(out):
-        return _absent(probe, ctx, "npu-smi", "install the Ascend driver (npu-smi)")
     npus = parse_npu_smi_info(out.stdout)
     if not npus:
         return [_unparsed(probe, ctx, "npu-smi info", out)]
@@ -948,11 +949,11 @@ def _npu_key(key: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-@_guard("ascend.link", "hccn_tool -link")
+@_guard(
+    "ascend.link", "hccn_tool -link", tool="hccn_tool", install="install the Ascend driver tools"
+)
 def eval_hccn_link(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     probe = "ascend.link"
-    if tool_missing(out):
-        return _absent(probe, ctx, "hccn_tool", "install the Ascend driver tools")
     results = []
     for key, body in parse_sections(out.stdout).items():
         npu = _npu_key(key)
@@ -994,12 +995,10 @@ def _valid_ip(s: str | None) -> bool:
     return True
 
 
-@_guard("ascend.ip", "hccn_tool -ip")
+@_guard("ascend.ip", "hccn_tool -ip", tool="hccn_tool", install="install the Ascend driver tools")
 def eval_hccn_ip(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     """params: ``expected`` ({npu: ip}, e.g. from /etc/hccn.conf or the plan; optional)."""
     probe = "ascend.ip"
-    if tool_missing(out):
-        return _absent(probe, ctx, "hccn_tool", "install the Ascend driver tools")
     expected = {int(k): v for k, v in (ctx.params.get("expected") or {}).items()}
     results = []
     for key, body in parse_sections(out.stdout).items():
@@ -1055,11 +1054,9 @@ _TLS_FIX = (
 )
 
 
-@_guard("ascend.tls", "hccn_tool -tls")
+@_guard("ascend.tls", "hccn_tool -tls", tool="hccn_tool", install="install the Ascend driver tools")
 def eval_hccn_tls(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     probe = "ascend.tls"
-    if tool_missing(out):
-        return _absent(probe, ctx, "hccn_tool", "install the Ascend driver tools")
     tls = parse_hccn_tls(out.stdout)
     if not tls:
         return [_unparsed(probe, ctx, "hccn_tool -tls", out)]
@@ -1128,12 +1125,12 @@ def parse_hccn_ping(text: str) -> dict[str, Any]:
     return res
 
 
-@_guard("ascend.ping", "hccn_tool -ping")
+@_guard(
+    "ascend.ping", "hccn_tool -ping", tool="hccn_tool", install="install the Ascend driver tools"
+)
 def eval_hccn_ping(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     """Sections ``== npu N -> IP ==``, each the output of ``hccn_tool -i N -ping -g address IP``."""
     probe = "ascend.ping"
-    if tool_missing(out):
-        return _absent(probe, ctx, "hccn_tool", "install the Ascend driver tools")
     results = []
     for key, body in parse_sections(out.stdout).items():
         p = parse_hccn_ping(body)
@@ -1233,7 +1230,7 @@ def parse_ss_listeners(text: str) -> list[tuple[str, int]]:
     return out
 
 
-@_guard("ports.listen", "ss -ltn")
+@_guard("ports.listen", "ss -ltn", tool="ss", install="install iproute2")
 def eval_ports_free(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     """params: ``ports`` (``{port: purpose}`` or a list of ports the plan binds here).
 
@@ -1241,8 +1238,6 @@ def eval_ports_free(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     127.0.0.1:P makes a bind to 0.0.0.0:P fail with EADDRINUSE.
     """
     probe = "ports.listen"
-    if tool_missing(out):
-        return _absent(probe, ctx, "ss", "install iproute2")
     if out.rc != 0:
         return [_unparsed(probe, ctx, "ss -ltn", out)]
     planned = ctx.params.get("ports") or {}
@@ -1274,12 +1269,10 @@ def eval_ports_free(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     return results or [_r(probe, ctx, Status.SKIP, "no planned ports for this host")]
 
 
-@_guard("ports.reach", "reachability probe")
+@_guard("ports.reach", "reachability probe", tool="python3", install="install python3 on the peer")
 def eval_port_reach(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     """Output of :data:`REACH_SNIPPET` run on the peer that must connect."""
     probe = "ports.reach"
-    if tool_missing(out):
-        return _absent(probe, ctx, "python3", "install python3 on the peer")
     data = _probe_json(out.stdout)
     if data is None:
         return [_unparsed(probe, ctx, "reachability probe", out)]
@@ -1351,12 +1344,12 @@ def parse_versions(text: str) -> dict[str, Any] | None:
     return data
 
 
-@_guard("versions", "version probe")
+@_guard(
+    "versions", "version probe", tool="python", install="create the venv the topology points at"
+)
 def eval_versions(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     """params: ``need_vllm`` (default True), ``need_nixl`` (default False)."""
     probe = "versions"
-    if tool_missing(out):
-        return _absent(probe, ctx, "python", "create the venv the topology points at")
     data = parse_versions(out.stdout)
     if data is None:
         return [_unparsed(probe, ctx, "version probe", out)]
@@ -1531,12 +1524,10 @@ def parse_ib_write_bw(text: str) -> dict[str, float] | None:
     return None
 
 
-@_guard("bandwidth.ib_write_bw", "ib_write_bw")
+@_guard("bandwidth.ib_write_bw", "ib_write_bw", tool="ib_write_bw", install="install perftest")
 def eval_ib_write_bw(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     """Client side output; params: ``min_gbps`` (WARN below it; optional)."""
     probe = "bandwidth.ib_write_bw"
-    if tool_missing(out):
-        return _absent(probe, ctx, "ib_write_bw", "install perftest")
     bw = parse_ib_write_bw(out.stdout)
     if bw is None:
         if out.rc != 0:
