@@ -328,12 +328,23 @@ def down_cmd(
     ] = 10.0,
     as_json: JsonOpt = False,
 ) -> None:
-    """Stop a deployment: router first, then decode, then prefill. Safe to repeat."""
+    """Stop a deployment: router first, then decode, then prefill. Safe to repeat.
+
+    Given the topology file and nothing recorded here, finds the processes on their hosts by
+    their pid files (each confirmed by the log it writes) and stops those."""
     deployment = resolve_deployment(target, as_json)
+    plan = None
+    try:
+        recorded = load_state(deployment) is not None
+    except StateError:
+        recorded = True  # launch.down reports the unreadable state
+    if not recorded and target is not None and Path(target).is_file():
+        plan = plan_or_exit(Path(target), as_json)
     reporter = RichReporter(err, enabled=False)
     try:
         result = launch.down(
             deployment,
+            plan=plan,
             accept_new_host_keys=accept_new_host_keys,
             known_hosts=_known(known_hosts),
             ssh_config=_known(ssh_config),

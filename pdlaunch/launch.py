@@ -803,19 +803,90 @@ class DownResult:
     message: str
 
 
+# A pid file alone is not proof: the pid may have been reused. The process `up` started has its
+# log open as stdout (the start script redirects it; `up` rotates an old log to .prev).
+_FIND_SCRIPT = """pidf={pid}; logf={log}
+[ -f "$pidf" ] || exit 0
+read -r pid < "$pidf" || exit 0
+case $pid in ''|*[!0-9]*) exit 0 ;; esac
+if [ "/proc/$pid/fd/1" -ef "$logf" ] || [ "/proc/$pid/fd/1" -ef "$logf.prev" ]; then
+  echo "$pid"
+fi
+"""
+
+
+def find_running(plan: Plan, pool: HostPool) -> DeploymentState:
+    """The plan's processes that still run on their hosts, found by their pid files and
+    confirmed by the log each one writes: what `down` stops when nothing is recorded (state
+    lost, or `up` ran on another control host). Raises HostError for an unreachable host."""
+    state = DeploymentState(
+        deployment=plan.deployment,
+        topology="",
+        scripts_hash="",
+        endpoint=plan.endpoint(),
+        served_model_name=plan.served_model_name,
+        status="stopping",
+    )
+    lock = threading.Lock()
+
+    def one(p: Process) -> None:
+        host = _proc_host(pool, p)
+        script = _FIND_SCRIPT.format(pid=sh_quote_path(p.pid_path), log=sh_quote_path(p.log_path))
+        out = host.run(script, timeout=60).stdout.strip()
+        if not out.isdigit():
+            return
+        start = host.process_start_time(int(out))
+        if start is None:
+            return
+        ps = ProcessState(
+            name=p.name,
+            role=p.role,
+            host=p.host,
+            local=p.local,
+            ssh=p.ssh.model_dump(mode="json"),
+            work_dir=p.work_dir,
+            script_path=p.script_path,
+            log_path=p.log_path,
+            pid_path=p.pid_path,
+            secrets_path=p.secrets_path,
+            health_url=p.health_url,
+            ports=[x.port for x in p.ports],
+            script_hash="",
+        )
+        ps.pid, ps.start_time = int(out), start
+        with lock:
+            state.processes.append(ps)
+
+    unreachable = pool.connect_all((p.host, p.local, p.ssh.model_dump()) for p in plan.processes)
+    if unreachable:
+        host, why = next(iter(unreachable.items()))
+        raise HostError(f"cannot look for running processes on {host}: {why}", host=host)
+    _parallel(one, plan.processes)
+    order = {p.name: i for i, p in enumerate(plan.processes)}
+    state.processes.sort(key=lambda ps: order[ps.name])
+    return state
+
+
 def down(
     deployment: str,
     *,
+    plan: Plan | None = None,
     accept_new_host_keys: bool = False,
     known_hosts: str | None = None,
     ssh_config: str | None = None,
     grace: float = 10.0,
     reporter: Reporter | None = None,
 ) -> DownResult:
-    """Stop a recorded deployment (router, decode, prefill) and forget it. Idempotent."""
+    """Stop a recorded deployment (router, decode, prefill) and forget it. Idempotent.
+
+    With nothing recorded and a ``plan`` (the CLI passes one when given the topology file),
+    the plan's hosts are searched for its processes by their pid files (:func:`find_running`).
+    """
     reporter = reporter or Reporter()
     with DeploymentLock(deployment, "down"):
         state = load_state(deployment)
+        if state is None and plan is not None:
+            return _down_unrecorded(plan, accept_new_host_keys, known_hosts, ssh_config, grace)
         if state is None:
             return DownResult([], f"{deployment}: nothing recorded; nothing to stop")
         names = [p.name for p in state.started()]
@@ -835,6 +906,37 @@ def down(
             )
         remove_state(deployment)
         return DownResult(names, f"{deployment} is down ({len(names)} process(es) stopped)")
+
+
+def _down_unrecorded(
+    plan: Plan,
+    accept_new_host_keys: bool,
+    known_hosts: str | None,
+    ssh_config: str | None,
+    grace: float,
+) -> DownResult:
+    pool = HostPool(
+        accept_new_host_keys=accept_new_host_keys, known_hosts=known_hosts, ssh_config=ssh_config
+    )
+    try:
+        state = find_running(plan, pool)
+        names = [p.name for p in state.processes]
+        if not names:
+            return DownResult(
+                [],
+                f"{plan.deployment}: nothing recorded, and no process of it runs on its hosts "
+                "(pid files checked); nothing to stop",
+            )
+        errors = stop_processes(state, pool, Reporter(), grace=grace)
+    finally:
+        pool.close()
+    if errors:
+        raise LaunchError("could not stop: " + "; ".join(errors) + " (run `down` again)")
+    return DownResult(
+        names,
+        f"{plan.deployment} is down ({len(names)} process(es) found by their pid files and "
+        "stopped; nothing was recorded on this control host)",
+    )
 
 
 # -- status ---------------------------------------------------------------------------------------

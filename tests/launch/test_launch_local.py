@@ -11,7 +11,10 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+from pdlaunch.load import load
+from pdlaunch.plan import build_plan
 from pdlaunch.state import DeploymentLock, load_state
 from tests.launch.helpers import SECRET_ENV, cli, procs_under, wait_no_procs
 
@@ -87,6 +90,45 @@ def test_up_status_logs_idempotent_replace_down(make_deployment, state_dir):
     assert res.exit_code == 0 and "nothing to stop" in res.output
     res = cli("status", dep.path)
     assert res.exit_code == 1 and "not running" in res.output
+
+
+def test_down_without_state_finds_processes_by_pid_file_and_log(make_deployment, state_dir):
+    dep = make_deployment("lost")
+    res = cli("up", dep.path, "--timeout", "120")
+    assert res.exit_code == 0, res.output
+    pids = sorted(p.pid for p in load_state("lost").processes)
+    shutil.rmtree(state_dir)  # the record is gone (another control host, a wiped home)
+
+    # by name there is nothing to go on: nothing is touched
+    res = cli("down", "lost")
+    assert res.exit_code == 0 and "nothing recorded; nothing to stop" in res.output
+    assert sorted(procs_under(dep.work_root)) == pids
+
+    # a pid file naming an unrelated process (a reused pid) must not get it killed
+    plan = build_plan(load(dep.path)[0])
+    decoy = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    prefill = plan.by_role("prefill")[0]
+    real_prefill_pid = Path(prefill.pid_path).read_text()
+    Path(prefill.pid_path).write_text(f"{decoy.pid}\n")
+    try:
+        res = cli("down", dep.path, "--grace", "5")
+        assert res.exit_code == 0, res.output
+        assert "2 process(es) found by their pid files and stopped" in res.output
+        assert decoy.poll() is None, "down killed a process that only a pid file named"
+        assert procs_under(dep.work_root) == [int(real_prefill_pid)]
+        Path(prefill.pid_path).write_text(real_prefill_pid)
+        res = cli("down", dep.path, "--grace", "5")
+        assert res.exit_code == 0, res.output
+        assert "1 process(es) found by their pid files" in res.output
+        assert wait_no_procs(dep.work_root) == []
+        res = cli("down", dep.path)
+        assert res.exit_code == 0 and "no process of it runs" in res.output
+        assert decoy.poll() is None
+    finally:
+        decoy.kill()
+        decoy.wait()
+        for pid in procs_under(dep.work_root):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_process_exits_at_start_rolls_back(make_deployment):

@@ -120,4 +120,8 @@ def test_exit_at_start_over_ssh_leaves_no_orphans(make_deployment, sshd_cluster,
     assert "prefill-0 on 127.0.0.1: exited during start" in res.output
     assert "simulated engine failure" in res.output
     assert wait_no_procs(dep.work_root) == []
-    assert cli("down", dep.path).exit_code == 0
+    # Nothing recorded after the rollback: `down FILE` searches the host (same SSH options).
+    res = cli("down", dep.path, "--known-hosts", sshd_cluster.known_hosts)
+    assert res.exit_code == 0 and "no process of it runs" in res.output, res.output
+    res = cli("down", dep.path)  # the host key is unknown without them: refused, said why
+    assert res.exit_code == 1 and "127.0.0.1" in res.output, res.output
