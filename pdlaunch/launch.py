@@ -271,7 +271,9 @@ def secrets_file(p: Process, environ: dict[str, str] | None = None) -> str:
 
 
 # -- state helpers --------------------------------------------------------------------------------
-def _process_state(p: Process, script: RenderedFile) -> ProcessState:
+def _process_state(p: Process, script: RenderedFile | None) -> ProcessState:
+    """``script``: the rendered script whose hash is recorded (None: not known, as for a
+    process found by :func:`find_running`)."""
     return ProcessState(
         name=p.name,
         role=p.role,
@@ -285,7 +287,7 @@ def _process_state(p: Process, script: RenderedFile) -> ProcessState:
         secrets_path=p.secrets_path,
         health_url=p.health_url,
         ports=[x.port for x in p.ports],
-        script_hash=file_hashes([script])[script.name],
+        script_hash=file_hashes([script])[script.name] if script is not None else "",
     )
 
 
@@ -838,21 +840,7 @@ def find_running(plan: Plan, pool: HostPool) -> DeploymentState:
         start = host.process_start_time(int(out))
         if start is None:
             return
-        ps = ProcessState(
-            name=p.name,
-            role=p.role,
-            host=p.host,
-            local=p.local,
-            ssh=p.ssh.model_dump(mode="json"),
-            work_dir=p.work_dir,
-            script_path=p.script_path,
-            log_path=p.log_path,
-            pid_path=p.pid_path,
-            secrets_path=p.secrets_path,
-            health_url=p.health_url,
-            ports=[x.port for x in p.ports],
-            script_hash="",
-        )
+        ps = _process_state(p, None)
         ps.pid, ps.start_time = int(out), start
         with lock:
             state.processes.append(ps)
