@@ -539,6 +539,16 @@ def test_status_and_logs(dep: Deployment) -> None:
     assert lg.returncode == 0, lg.stderr
     lines = [ln for ln in lg.stdout.splitlines() if ln.strip()]
     assert 1 <= len(lines) <= 5, lg.stdout
+    # The lines are prefill's own (not decode's or the router's), and its last ones: the log
+    # only grows, so they stand in order at the end of what the file holds now.
+    log_lines = [
+        ln for ln in dep.prefill_log.read_text(errors="replace").splitlines() if ln.strip()
+    ]
+    decode_log = dep.prefill_log.with_name("decode-0.log").read_text(errors="replace")
+    start = next((i for i in range(len(log_lines)) if log_lines[i : i + len(lines)] == lines), None)
+    assert start is not None, f"`logs prefill-0` printed lines not in prefill's log:\n{lg.stdout}"
+    assert len(log_lines) - start - len(lines) < 50, "not the end of the log"
+    assert any(ln not in decode_log for ln in lines) or not decode_log, lg.stdout
 
 
 @pytest.mark.e2e
