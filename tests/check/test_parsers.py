@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
@@ -501,12 +502,42 @@ def test_probe_selection_and_rendering():
     assert len({pr.id for pr in PROBES}) == len(PROBES)
 
 
+# Real probe output (the fixtures above), whole or cut anywhere: closer to what an
+# evaluator half-understands than random text is.
+PROBE_OUTPUTS = sorted(
+    f.read_text() for f in FX.iterdir() if f.name not in ("SOURCES.md", "generate_local.py")
+)
+
+
+@st.composite
+def probe_output(draw) -> str:
+    text = draw(st.sampled_from(PROBE_OUTPUTS))
+    start = draw(st.integers(0, len(text)))
+    return text[start : draw(st.integers(start, len(text)))]
+
+
 @settings(max_examples=60, deadline=None)
-@given(rc=st.integers(-2, 255), out=st.text(max_size=300), err=st.text(max_size=100))
+@given(
+    rc=st.integers(-2, 255),
+    out=st.one_of(st.text(max_size=300), probe_output()),
+    err=st.one_of(st.text(max_size=100), probe_output()),
+)
 def test_evaluators_never_raise(rc, out, err):
+    """Each evaluator itself, not its `_guard` (which turns any exception into a WARN and so
+    hides it), returns result rows on any output. The guard is only trusted for what it
+    does before the evaluator runs: answering an absent tool."""
+    output = CommandOutput(rc, out, err)
+    c = ctx(ucx_tls="rc,cuda_copy", ports=[8000], need=1, path="/m", npus=[0])
     for pr in PROBES:
-        res = pr.run_parse(
-            rc, out, err, ctx(ucx_tls="rc,cuda_copy", ports=[8000], need=1, path="/m", npus=[0])
-        )
+        evaluator = inspect.unwrap(pr.evaluate)
+        assert evaluator is not pr.evaluate, f"{pr.id}: evaluator is not guarded"
+        tool = inspect.getclosurevars(pr.evaluate).nonlocals["tool"]
+        res = pr.evaluate(output, c)
+        if tool is not None and p.tool_missing(output):
+            assert statuses(res) == [Status.FAIL] and "not found" in res[0].message, res
+        else:
+            raw = evaluator(output, c)  # an exception here fails the test, with its traceback
+            assert res == raw, f"{pr.id}: the guard changed the evaluator's result"
         assert isinstance(res, list) and res
         assert all(isinstance(r, CheckResult) for r in res)
+        assert {(r.probe, r.target) for r in res} == {(pr.id, "h1")}, res

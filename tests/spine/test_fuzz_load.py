@@ -238,11 +238,33 @@ def test_cli_exit_codes_without_traceback(workdir, content, command):
 # --------------------------------------------------------------------------- regressions
 
 
+SEED_TOPOLOGIES = {
+    "ascend-mooncake-tp2.yaml",
+    "cuda-prefill-gaudi-decode.yaml",
+    "gaudi-prefill-cuda-decode.yaml",
+    "gb200-xpyd.yaml",
+    "local-cpu.yaml",
+}
+
+
 def test_seed_topologies_pass_the_pipeline(workdir):
-    for name, data in TOPOLOGIES.items():
-        path = workdir / name
-        path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-        pipeline(path)
+    """Every seed topology, and the re-dumped copy the fuzzing starts from, loads, validates
+    without errors, plans and renders. Unlike `pipeline`, nothing is allowed to stop early:
+    a LoadError or an error finding fails the test, and so does a missing topology file."""
+    assert set(TOPOLOGIES) == SEED_TOPOLOGIES
+    done = []
+    for name in sorted(SEED_TOPOLOGIES):
+        copy_path = workdir / name
+        copy_path.write_text(yaml.safe_dump(TOPOLOGIES[name], sort_keys=False), encoding="utf-8")
+        for path in (ROOT / "topologies" / name, copy_path):
+            topo, source = load(path)
+            errors = [f for f in validate(topo, source) if f.severity == "error"]
+            assert not errors, (path, [f"{f.where}: {f.message}" for f in errors])
+            plan = build_plan(topo)
+            assert plan.processes, path
+            assert render_plan(plan), path
+            done.append(path.name)
+    assert done == [n for n in sorted(SEED_TOPOLOGIES) for _ in range(2)]
 
 
 def _deep(depth: int) -> str:
