@@ -34,6 +34,8 @@ class DeviceProfile:
     # Export VLLM_KV_CACHE_LAYOUT (the seeds do on cuda/hpu); a CPU instance has one layout and
     # is left to vLLM's own choice (docs/cpu-pd-recipe.md).
     layout_env: bool = True
+    # VLLM_* variables the device's vLLM plugin reads on top of vLLM's own (vllm/envs.py).
+    plugin_env: frozenset[str] = frozenset()
     source: str = ""
 
     def accepts_block_size(self, size: int) -> bool:
@@ -53,10 +55,138 @@ class DeviceProfile:
 
 NIXL_NODE_ENV = {
     # Seed guide (both nodes): UCX's memory-type cache misclassifies device memory
-    # registered by NIXL; device-to-device keeps transfers off host bounce buffers.
+    # registered by NIXL.
     "UCX_MEMTYPE_CACHE": "0",
-    "VLLM_NIXL_DEVICE_TO_DEVICE": "1",
 }
+# The seed guide exports VLLM_NIXL_DEVICE_TO_DEVICE=1 on both nodes, but only the vllm-gaudi
+# plugin reads it (vLLM 0.32's envs.py does not): Gaudi nodes only.
+GAUDI_NIXL_ENV = {**NIXL_NODE_ENV, "VLLM_NIXL_DEVICE_TO_DEVICE": "1"}
+
+# VLLM_* names the plugins read besides vLLM's own. vllm-gaudi (HEAD 091bbadd, 2026-08-21):
+# vllm_gaudi/envs.py:25-89, extension/features.py:15-76 (a Value's default env name is
+# 'VLLM_' + NAME, extension/config.py:181), platform.py:402 (VLLM_NIXL_DEVICE_TO_DEVICE) and
+# direct os.environ reads. vLLM 0.32 only warns about them (platforms/interface.py:1446).
+GAUDI_PLUGIN_ENV: frozenset[str] = frozenset(
+    {
+        "VLLM_ALIBI_USE_FLOAT32_BIASES",
+        "VLLM_BUCKETING_FROM_FILE",
+        "VLLM_BUCKETING_STRATEGY",
+        "VLLM_COMPACT_GDN",
+        "VLLM_CONFIG_HIDDEN_LAYERS",
+        "VLLM_CONTIGUOUS_PA",
+        "VLLM_COS_SIN_RECOMPUTE",
+        "VLLM_DEBUG",
+        "VLLM_DECODE_BLOCK_BUCKET_MAX",
+        "VLLM_DECODE_BLOCK_BUCKET_MIN",
+        "VLLM_DECODE_BLOCK_BUCKET_PAD_MAX",
+        "VLLM_DECODE_BLOCK_BUCKET_PAD_PERCENT",
+        "VLLM_DECODE_BLOCK_BUCKET_STEP",
+        "VLLM_DECODE_BS_BUCKET_MAX",
+        "VLLM_DECODE_BS_BUCKET_MIN",
+        "VLLM_DECODE_BS_BUCKET_PAD_MAX",
+        "VLLM_DECODE_BS_BUCKET_PAD_PERCENT",
+        "VLLM_DECODE_BS_BUCKET_STEP",
+        "VLLM_DEFRAG",
+        "VLLM_DEFRAG_THRESHOLD",
+        "VLLM_DEFRAG_WITH_GRAPHS",
+        "VLLM_DEVELOPER_MODE",
+        "VLLM_DISABLE_MARK_SCALES_AS_CONST",
+        "VLLM_DYNAMIC_KV_QUANT",
+        "VLLM_ENABLE_BUCKETING",
+        "VLLM_EXPONENTIAL_BUCKETING",
+        "VLLM_FLATTEN_INPUT",
+        "VLLM_FP32_SOFTMAX",
+        "VLLM_FP32_SOFTMAX_VISION",
+        "VLLM_FULL_WARMUP",
+        "VLLM_FUSEDSDPA_SLIDE_THLD",
+        "VLLM_FUSED_BLOCK_SOFTMAX",
+        "VLLM_FUSED_BLOCK_SOFTMAX_ADJUSTMENT",
+        "VLLM_GDN_COMPUTE_FP32",
+        "VLLM_GDN_EXACT_SOLVE",
+        "VLLM_GDN_LEGACY_PHASE_B",
+        "VLLM_GRAPH_RESERVED_MEM",
+        "VLLM_HPU_FORCE_CHANNEL_FP8",
+        "VLLM_HPU_FSDPA_SLICE_CHUNK_SIZE",
+        "VLLM_HPU_FSDPA_SLICE_ENABLED",
+        "VLLM_HPU_FSDPA_SLICE_SEQ_LEN_THLD",
+        "VLLM_HPU_FSDPA_SLICE_WITH_GRAPH_BREAKS",
+        "VLLM_HPU_HETERO_KV_LAYOUT",
+        "VLLM_HPU_MULTI_MODEL_CONFIG",
+        "VLLM_HPU_NIXL_JOINT_KV",
+        "VLLM_HPU_NIXL_STAGING_SLOTS",
+        "VLLM_KV_CONNECTOR",
+        "VLLM_KV_TRANSFER_CONFIG",
+        "VLLM_MAMBA_USE_PYTORCH",
+        "VLLM_MAMBA_USE_SELECTIVE_STATE_UPDATE_REF_PT",
+        "VLLM_MERGED_PREFILL",
+        "VLLM_MINIMAX_M3_MOE_DECODE_GATHER",
+        "VLLM_MINIMAX_M3_MOE_GATHER_MAX_TOKENS",
+        "VLLM_MINIMAX_M3_MOE_TOKEN_TILE",
+        "VLLM_MM_WARMUP_OUTSIDE_COMPILE_ONLY",
+        "VLLM_MOE_CHUNK",
+        "VLLM_MOE_TOKEN_BOUNDARY",
+        "VLLM_MULTIMODAL_BUCKETS",
+        "VLLM_MULTIMODAL_RESOLUTIONS",
+        "VLLM_NAIVE_IMPL",
+        "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
+        "VLLM_NIXL_DEVICE_TO_DEVICE",
+        "VLLM_PER_TOKEN_KV_SCALING_SUPPORT",
+        "VLLM_PROFILER_ENABLED",
+        "VLLM_PROFILE_DECODE",
+        "VLLM_PROFILE_PROMPT",
+        "VLLM_PROFILE_STEPS",
+        "VLLM_PROMPT_ATTN_IMPL",
+        "VLLM_PROMPT_BS_BUCKET_MAX",
+        "VLLM_PROMPT_BS_BUCKET_MIN",
+        "VLLM_PROMPT_BS_BUCKET_PAD_MAX",
+        "VLLM_PROMPT_BS_BUCKET_PAD_PERCENT",
+        "VLLM_PROMPT_BS_BUCKET_STEP",
+        "VLLM_PROMPT_CTX_BUCKET_MAX",
+        "VLLM_PROMPT_CTX_BUCKET_MIN",
+        "VLLM_PROMPT_CTX_BUCKET_PAD_MAX",
+        "VLLM_PROMPT_CTX_BUCKET_PAD_PERCENT",
+        "VLLM_PROMPT_CTX_BUCKET_STEP",
+        "VLLM_PROMPT_QUERY_BUCKET_MAX",
+        "VLLM_PROMPT_QUERY_BUCKET_MIN",
+        "VLLM_PROMPT_QUERY_BUCKET_PAD_MAX",
+        "VLLM_PROMPT_QUERY_BUCKET_PAD_PERCENT",
+        "VLLM_PROMPT_QUERY_BUCKET_STEP",
+        "VLLM_PROMPT_SEQ_BUCKET_MAX",
+        "VLLM_PROMPT_SEQ_BUCKET_MIN",
+        "VLLM_PROMPT_SEQ_BUCKET_PAD_MAX",
+        "VLLM_PROMPT_SEQ_BUCKET_PAD_PERCENT",
+        "VLLM_PROMPT_SEQ_BUCKET_STEP",
+        "VLLM_PROMPT_USE_FLEX_ATTENTION",
+        "VLLM_PROMPT_USE_FUSEDSDPA",
+        "VLLM_PT_PROFILE",
+        "VLLM_ROW_PARALLEL_CHUNKS",
+        "VLLM_ROW_PARALLEL_CHUNK_THRESHOLD",
+        "VLLM_SCALE_ADJUSTMENT",
+        "VLLM_SKIP_WARMUP",
+        "VLLM_T_COMPILE_DYNAMIC_SHAPES",
+        "VLLM_T_COMPILE_FULLGRAPH",
+        "VLLM_T_COMPILE_REGIONAL_COMPILATION",
+        "VLLM_USE_DISPATCH_FN",
+        "VLLM_USE_FAKE_HPU",
+        "VLLM_USE_HYBRID_CACHE",
+        "VLLM_USE_NAIVE_MAMBA_CACHE_SHARING",
+        "VLLM_WEIGHT_LOAD_FORCE_SYNC",
+    }
+)
+# vllm-ascend (HEAD 182b75ea, 2026-08-22): vllm_ascend/envs.py:30-98 and direct reads.
+ASCEND_PLUGIN_ENV: frozenset[str] = frozenset(
+    {
+        "VLLM_ASCEND_BALANCE_SCHEDULING",
+        "VLLM_ASCEND_ENABLE_BATCH_MEMCPY",
+        "VLLM_ASCEND_ENABLE_FLASHCOMM1",
+        "VLLM_ASCEND_ENABLE_FUSED_MC2",
+        "VLLM_ASCEND_ENABLE_MLAPO",
+        "VLLM_ASCEND_ENABLE_NZ",
+        "VLLM_ASCEND_FUSION_OP_TRANSPOSE_KV_CACHE_BY_BLOCK",
+        "VLLM_MINIMAX_M3_DECODE_INDEX_SCORE_KQ",
+        "VLLM_VERSION",
+    }
+)
 
 PROFILES: dict[str, DeviceProfile] = {
     "cuda": DeviceProfile(
@@ -87,7 +217,8 @@ PROFILES: dict[str, DeviceProfile] = {
         default_block_size=128,
         block_multiple_of=16,
         connectors=frozenset({"nixl"}),
-        env=NIXL_NODE_ENV,
+        env=GAUDI_NIXL_ENV,
+        plugin_env=GAUDI_PLUGIN_ENV,
         source="seeds/hetero-pd-cuda-gaudi-nixl-rev2.md (Gaudi launch script); "
         "seeds/vllm-pr30448-prefill-kv-postprocess.md",
     ),
@@ -104,6 +235,7 @@ PROFILES: dict[str, DeviceProfile] = {
         ld_library_path=("/usr/local/Ascend/ascend-toolkit/latest/python/site-packages",),
         # Re-blocking needs the NIXL path; Ascend moves KV with Mooncake over HCCN.
         can_reblock=False,
+        plugin_env=ASCEND_PLUGIN_ENV,
         source="seeds/ascend-mooncake-pd-openfuyao.md (run_prefill.sh / run_decode.sh)",
     ),
     "cpu": DeviceProfile(

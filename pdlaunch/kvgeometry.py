@@ -20,6 +20,24 @@ def kv_layout(inst: Instance) -> str:
     return inst.kv_layout or profile(inst.device).default_layout
 
 
+def _needs_pinned_blocks(topo: Topology) -> bool:
+    instances = [x for _, _, x in topo.instances()]
+    return (
+        any(x.block_size is not None for x in instances)
+        or len({x.device for x in instances}) > 1
+        or topo.kv_connector.agreed_block_size != "auto"
+    )
+
+
+def block_size_pinned(topo: Topology, inst: Instance) -> bool:
+    """Whether the plan passes --block-size. vLLM picks the block size from the attention
+    backend when none is given (an MLA model on Blackwell needs 32/64/128: a forced 16 leaves
+    only Triton MLA, vllm/platforms/cuda.py "precluded higher-priority backend(s)"). One
+    device kind with no size set: both sides pick the same backend, so nothing is forced.
+    Else every instance gets its resolved size, which the rules have checked."""
+    return inst.block_size is not None or topo.derived("pinned_blocks", _needs_pinned_blocks)
+
+
 def _agreed(topo: Topology) -> int:
     if topo.kv_connector.agreed_block_size != "auto":
         return int(topo.kv_connector.agreed_block_size)

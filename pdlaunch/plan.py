@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from pdlaunch import kv as kv_extension
 from pdlaunch import kvgeometry as kv
 from pdlaunch.devices import profile
+from pdlaunch.nodeenv import derived_env, devices_of
 from pdlaunch.ports import (
     Node,
     all_nodes,
@@ -131,40 +132,6 @@ def served_name(topo: Topology) -> str:
     return topo.model.served_name or topo.model.name
 
 
-def _cpu_cores(topo: Topology, node: Node) -> list[int]:
-    """CPU instances bind OpenMP threads to cores; by default one core per instance on a
-    host, in topology order, so two instances on a small box do not fight."""
-    if node.instance.devices is not None:
-        return list(node.instance.devices)
-    return topo.derived("cpu_cores", _default_cpu_cores)[node.name]
-
-
-def _default_cpu_cores(topo: Topology) -> dict[str, list[int]]:
-    next_core: dict[str, int] = {}
-    out = {}
-    for n in all_nodes(topo):
-        if n.instance.device == "cpu":
-            start = next_core.get(n.host, 0)
-            out[n.name] = list(range(start, start + n.device_count))
-            next_core[n.host] = start + n.device_count
-    return out
-
-
-def _cpu_bind(cores: list[int], ranks: int) -> str:
-    """VLLM_CPU_OMP_THREADS_BIND: one core list per rank, ranks separated by '|'."""
-    per = max(1, len(cores) // ranks)
-    groups = [cores[r * per : (r + 1) * per] for r in range(ranks)]
-    return "|".join(",".join(str(c) for c in g) for g in groups if g)
-
-
-def devices_of(topo: Topology, node: Node) -> list[int]:
-    if node.instance.device == "cpu":
-        return _cpu_cores(topo, node)
-    if node.instance.devices is not None:
-        return list(node.instance.devices)
-    return list(range(node.device_count))
-
-
 def _nixl_role(setting: str, role: str) -> str:
     # vllm nixl/connector.py:97-103 deprecates kv_both for NixlConnector.
     if setting == "both":
@@ -184,12 +151,13 @@ def kv_transfer_config(topo: Topology, node: Node) -> dict[str, Any]:
             "kv_role": "kv_producer" if node.role == "prefill" else "kv_consumer",
             "kv_port": str(mc[0]),
             "engine_id": mc[1],
-            "kv_connector_module_path": kvc.mooncake.module_path,
             "kv_connector_extra_config": {
                 role: {"dp_size": insts[0].dp.size, "tp_size": insts[0].tp}
                 for role, insts in (("prefill", topo.prefill), ("decode", topo.decode))
             },
         }
+        if kvc.mooncake.module_path:
+            cfg["kv_connector_module_path"] = kvc.mooncake.module_path
         return cfg
     reblock = node.role == "prefill" and kv.prefill_kv(topo, inst).reblock
     cfg = {
@@ -233,6 +201,8 @@ def _serve_argv(topo: Topology, node: Node) -> list[str]:
         argv += ["--host", inst.bind, "--port", str(inst.port)]
     if model.served_name:
         argv += ["--served-model-name", model.served_name]
+    if model.tokenizer:
+        argv += ["--tokenizer", model.tokenizer]
     argv += ["--tensor-parallel-size", str(inst.tp)]
     dtype = inst.dtype or model.dtype
     if dtype != "auto":
@@ -247,7 +217,8 @@ def _serve_argv(topo: Topology, node: Node) -> list[str]:
     if inst.device != "cpu":
         util = inst.gpu_memory_utilization or topo.defaults.gpu_memory_utilization
         argv += ["--gpu-memory-utilization", f"{util:g}"]
-    argv += ["--block-size", str(kv.block_size(inst))]
+    if kv.block_size_pinned(topo, inst):
+        argv += ["--block-size", str(kv.block_size(inst))]
     if not kv.prefix_caching(topo, node.role, inst):
         argv.append("--no-enable-prefix-caching")
     if inst.enforce_eager:
@@ -270,36 +241,16 @@ def _serve_argv(topo: Topology, node: Node) -> list[str]:
 
 
 def _serve_env(
-    topo: Topology, node: Node, bases: dict, devices: list[int]
+    topo: Topology, node: Node
 ) -> tuple[dict[str, str], dict[str, list[str]], dict[str, str]]:
     inst = node.instance
-    dev = profile(inst.device)
-    env: dict[str, str] = {}
-    if topo.kv_connector.kind == "nixl":
-        if dev.layout_env:
-            env["VLLM_KV_CACHE_LAYOUT"] = kv.kv_layout(inst)
-        if dev.ucx_tls:
-            env["UCX_TLS"] = dev.ucx_tls
-            if is_loopback(node.host):
-                # Else UCX also tries the machine's NICs for a loopback peer: the first NIXL
-                # handshake took 30 s instead of 0.05 s (docs/cpu-pd-recipe.md).
-                env["UCX_NET_DEVICES"] = "lo"
-        env.update(dev.env)
-        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = node.host
-        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(bases[(node.role, node.index)])
-        if topo.kv_connector.abort_request_timeout:
-            env["VLLM_NIXL_ABORT_REQUEST_TIMEOUT"] = str(topo.kv_connector.abort_request_timeout)
-    else:
-        env.update(dev.env)
-    if dev.visible_devices_var:
-        env[dev.visible_devices_var] = ",".join(str(d) for d in devices)
-    if inst.device == "cpu":
-        env["VLLM_CPU_OMP_THREADS_BIND"] = _cpu_bind(devices, node.device_count)
-        env["VLLM_CPU_KVCACHE_SPACE"] = "2"
+    derived = {k: v.value for k, v in derived_env(topo, node).items()}
+    # The user's env comes last; the managed-env rule has refused any that would replace a
+    # managed variable, so only the defaults (UCX_MEMTYPE_CACHE, CPU KV space) give way.
     plain, secret = _split_env(
-        env, topo.defaults.env, _host_settings(topo, node.host).env, inst.env
+        derived, topo.defaults.env, _host_settings(topo, node.host).env, inst.env
     )
-    prepend = [*topo.defaults.ld_library_path, *dev.ld_library_path]
+    prepend = [*topo.defaults.ld_library_path, *profile(inst.device).ld_library_path]
     return plain, ({"LD_LIBRARY_PATH": prepend} if prepend else {}), secret
 
 
@@ -315,7 +266,7 @@ def _paths(work_dir: str, name: str) -> dict[str, str]:
 def _node_process(topo: Topology, node: Node, bases: dict, mooncake: dict) -> Process:
     inst = node.instance
     devices = devices_of(topo, node)
-    env, prepend, secret = _serve_env(topo, node, bases, devices)
+    env, prepend, secret = _serve_env(topo, node)
     work_dir = _work_dir(topo, node.host, inst.work_dir)
     ports = [
         PlannedPort(port=u.port, purpose=u.purpose) for u in node_ports(topo, node, bases, mooncake)
@@ -382,6 +333,13 @@ def _router_argv(topo: Topology) -> list[str]:
     return argv + r.extra_args
 
 
+def _router_health_path(kind: str) -> str:
+    # vllm-router serves /health (vllm_router/mini_lb.py, src/server.rs); vLLM's toy proxy
+    # (tests/v1/kv_connector/nixl_integration/toy_proxy_server.py) and vllm-ascend's
+    # load-balance proxy serve /healthcheck only.
+    return "/health" if kind == "vllm-router" else "/healthcheck"
+
+
 def _router_process(topo: Topology) -> Process:
     r = topo.router
     plain, secret = _split_env(_host_settings(topo, r.host).env, r.env)
@@ -400,7 +358,7 @@ def _router_process(topo: Topology) -> Process:
         path_prepend={},
         secret_env=secret,
         ports=[PlannedPort(port=u.port, purpose=u.purpose) for u in router_ports(topo)],
-        health_url=f"http://{_url_host(r.host)}:{r.port}/health",
+        health_url=f"http://{_url_host(r.host)}:{r.port}{_router_health_path(r.kind)}",
         devices=[],
         work_dir=work_dir,
         **_paths(work_dir, "router"),

@@ -23,6 +23,9 @@ Port = Annotated[int, Field(ge=1, le=65535)]
 PositiveInt = Annotated[int, Field(ge=1)]
 
 SECRET_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+# Anything that looks like the start of a reference: a malformed one (`${env:HF_TOKEN`,
+# `${env:HF-TOKEN}`) must be refused, not exported as its literal text.
+SECRET_MARK = re.compile(r"\$\{\s*env\s*:", re.IGNORECASE)
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 HOSTNAME = re.compile(r"^[A-Za-z0-9_.:%-]{1,253}$")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -34,14 +37,10 @@ class Strict(BaseModel):
 
 
 def _check_env(env: dict[str, str]) -> dict[str, str]:
-    for key, value in env.items():
+    # Where `${env:...}` may stand is a rule (secret-placement), so it can name its line.
+    for key in env:
         if not ENV_NAME.match(key):
             raise ValueError(f"{key!r} is not a valid environment variable name")
-        refs = SECRET_REF.findall(value)
-        if refs and SECRET_REF.fullmatch(value) is None:
-            raise ValueError(
-                f"{key}: a secret reference must be the whole value (write '${{env:{refs[0]}}}')"
-            )
     return env
 
 
@@ -51,7 +50,7 @@ EnvMap = dict[str, str]
 @lru_cache(maxsize=4096)
 def is_loopback(host: str) -> bool:
     """127.0.0.0/8, ::1 or localhost: one machine, whatever the spelling."""
-    if host == "localhost":
+    if host.rstrip(".").lower() == "localhost":
         return True
     try:
         return ip_address(host.strip("[]")).is_loopback
@@ -59,10 +58,34 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def canonical_host(host: str) -> str:
+    """One spelling per host: DNS names are case-insensitive and a trailing dot names the
+    same host; an IPv6 address has one compressed form."""
+    host = host.strip().rstrip(".").lower()
+    try:
+        return str(ip_address(host.strip("[]")))
+    except ValueError:
+        return host
+
+
+@lru_cache(maxsize=4096)
+def host_key(host: str) -> str:
+    """Where "same host" is decided: every loopback spelling is one machine."""
+    return "localhost" if is_loopback(host) else canonical_host(host)
+
+
+def is_unspecified(host: str) -> bool:
+    """0.0.0.0 / :: mean "every address" to bind(); nobody can dial them."""
+    try:
+        return ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return False
+
+
 def _check_host(host: str) -> str:
     if not HOSTNAME.match(host):
         raise ValueError(f"{host!r} is not a host name or IP address")
-    return host
+    return canonical_host(host)
 
 
 class Ssh(Strict):
@@ -91,7 +114,12 @@ class Model(Strict):
     max_model_len: PositiveInt | None = None
     kv_cache_dtype: str = Field("auto", description="--kv-cache-dtype; must match on P and D")
     trust_remote_code: bool = False
-    tokenizer: str | None = None
+    tokenizer: str | None = Field(None, description="--tokenizer (default: the model's own)")
+    vllm_version: str = Field(
+        "0.32",
+        description="vLLM release series the nodes run: flags and env variables are checked "
+        "against pdlaunch's facts for it",
+    )
 
 
 class Defaults(Strict):
@@ -102,6 +130,7 @@ class Defaults(Strict):
     extra_args: list[str] = Field(default_factory=list)
     ld_library_path: list[str] = Field(default_factory=list)
     gpu_memory_utilization: float = Field(0.8, gt=0, le=1)
+    ucx_tls: str | None = Field(None, description="UCX_TLS (default: per device kind)")
 
     _env = field_validator("env")(_check_env)
 
@@ -122,6 +151,11 @@ class DataParallel(Strict):
     hybrid_lb: bool = Field(
         False, description="--data-parallel-hybrid-lb: every node serves its own HTTP port"
     )
+
+    @field_validator("master_address")
+    @classmethod
+    def _master(cls, v: str | None) -> str | None:
+        return _check_host(v) if v is not None else v
 
 
 class Instance(Strict):
@@ -155,6 +189,7 @@ class Instance(Strict):
         description="NIXL side-channel base port (default: allocated per host from "
         "kv_connector.side_channel_port)",
     )
+    ucx_tls: str | None = Field(None, description="UCX_TLS (default: defaults.ucx_tls)")
     kv_port: Port | None = Field(None, description="Mooncake kv_port (default: allocated)")
     engine_id: str | None = Field(None, description="Mooncake engine_id (default: allocated)")
     env: EnvMap = Field(default_factory=dict)
@@ -208,7 +243,12 @@ class Instance(Strict):
 class Mooncake(Strict):
     kv_port: Port = 20001
     engine_id_base: int = Field(0, ge=0)
-    module_path: str = "vllm_ascend.distributed.mooncake_connector"
+    # vllm-ascend registers MooncakeConnectorV1 itself (vllm_ascend/distributed/kv_transfer/
+    # __init__.py:29-31); vLLM 0.32 imports a given module path before its registry
+    # (factory.py:106-114), so a module path is only for a connector the registry lacks.
+    module_path: str | None = Field(
+        None, description="kv_connector_module_path (default: none; the plugin registers it)"
+    )
     connector: str = "MooncakeConnectorV1"
 
 
@@ -281,6 +321,17 @@ class Topology(Strict):
         if key not in self._derived:
             self._derived[key] = compute(self)
         return self._derived[key]
+
+    @field_validator("hosts")
+    @classmethod
+    def _host_keys(cls, v: dict[str, HostSettings]) -> dict[str, HostSettings]:
+        out: dict[str, HostSettings] = {}
+        for name, settings in v.items():
+            key = _check_host(name)
+            if key in out:
+                raise ValueError(f"{name!r} names the same host as another entry")
+            out[key] = settings
+        return out
 
     @field_validator("deployment")
     @classmethod

@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CITING = [ROOT / "pdlaunch" / n for n in ("rules.py", "ports.py", "devices.py")]
+CITING = [
+    *sorted((ROOT / "pdlaunch" / "rules").glob("*.py")),
+    *(ROOT / "pdlaunch" / n for n in ("ports.py", "devices.py", "kvgeometry.py", "nodeenv.py")),
+    ROOT / "scripts" / "gen_vllm_facts.py",
+]
 CITE = re.compile(r"(vllm/[\w/]+\.py):(\d+)(?:-(\d+))?")
 
 # Text that must stand within a few lines of the cited line.

@@ -40,7 +40,8 @@ NASTY = [
 ]
 MODEL = "org/m$(touch PWNED)`touch PWNED`'\"; touch PWNED\n${HOME}"
 ENV = {f"NASTY_{i}": v for i, v in enumerate(NASTY)}
-EXTRA = [f"--nasty-{i}={v}" for i, v in enumerate(NASTY)] + ["--plain", *NASTY]
+# Real vLLM 0.32 string flags (validate refuses unknown ones); repeating one only warns.
+EXTRA = [f"--chat-template={v}" for v in NASTY] + [w for v in NASTY for w in ("--download-dir", v)]
 
 
 def topology(tmp_path: Path, **defaults_env: str) -> dict:

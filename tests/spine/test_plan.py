@@ -118,7 +118,9 @@ def test_render_is_deterministic_and_quoted():
     b = [(f.name, f.content) for f in render_plan(plan_of("gb200-xpyd.yaml"))]
     assert a == b
     decode = dict(a)["decode-0-node0.sh"]
-    assert '\'--compilation-config={"cudagraph_mode":"FULL_DECODE_ONLY"}\'' in decode
+    # JSON reaches the script single-quoted, byte for byte.
+    kv_json = next(a for a in plan.by_role("decode")[0].argv if a.startswith('{"kv_connector"'))
+    assert f"--kv-transfer-config '{kv_json}'" in decode
 
 
 def test_overrides_precedence():

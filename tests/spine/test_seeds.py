@@ -2,10 +2,14 @@
 
 For every scenario topology under topologies/ the scripts are rendered, then *executed*
 with fake `vllm`, `vllm-router` and `python` first on PATH; each fake writes the argv and
-environment it received as JSON. The seed guide's own text (../shared/seeds/...) is parsed
-(its `export NAME=value` lines and its `vllm serve` / router command lines, with the
-guide's placeholders filled in from the topology), and every seed env var and every seed
-flag/value must arrive in the real process, except the commented ALLOWED differences.
+environment it received as JSON. The seed guide's own text is parsed (its `export NAME=value`
+lines and its `vllm serve` / router command lines, with the guide's placeholders filled in
+from the topology), and every seed env var and every seed flag/value must arrive in the real
+process, except the commented ALLOWED differences.
+
+The guide text comes from tests/fixtures/seeds/: verbatim excerpts of the seed guides (the
+command blocks parsed here), one file per guide, each excerpt named and marked with the
+guide lines it copies (tests/fixtures/seeds/SOURCES.md says where each one comes from).
 
 Flags are compared normalised: `--a=b` is `--a b`, `_` is `-` in flag names, JSON values
 (--kv-transfer-config, --compilation-config) are compared as dicts with "True" -> true,
@@ -16,6 +20,7 @@ kv_buffer_device or agreed_block_size).
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import json
 import re
@@ -33,17 +38,12 @@ from pdlaunch.render import render_plan, write_files
 from pdlaunch.rules import has_errors, validate
 
 ROOT = Path(__file__).resolve().parents[2]
-SEEDS = ROOT.parent / "shared" / "seeds"
+SEEDS = ROOT / "tests" / "fixtures" / "seeds"
 TOPOLOGIES = ROOT / "topologies"
 
 # What the scripts inherit: a known LD_LIBRARY_PATH checks the path-prepend logic against
 # the seed's `...:$LD_LIBRARY_PATH`.
 INHERITED_LD = "/inherited/lib"
-
-
-def test_seed_guides_are_present():
-    # CI clones the repo with ../shared beside it; without the guides nothing below can run.
-    assert SEEDS.is_dir(), f"seed guides not found at {SEEDS} (clone with ../shared beside it)"
 
 
 FAKE = """#!{python}
@@ -175,14 +175,26 @@ def vllm_serve(commands: list[SeedCommand]) -> SeedCommand:
     return found[0]
 
 
-def between(text: str, start: str, end: str) -> str:
-    """The lines after the line holding `start`, up to the line holding `end`."""
-    i = text.index("\n", text.index(start)) + 1
-    return text[i : text.rfind("\n", i, text.index(end, i)) + 1]
+_EXCERPT = re.compile(r"^=== (\S+): lines (\d+)-(\d+), section .+ ===$", re.M)
 
 
-def seed_text(name: str) -> str:
-    return (SEEDS / name).read_text(encoding="utf-8")
+@functools.cache
+def excerpts(guide: str) -> dict[str, str]:
+    """The named excerpts of a seed guide's fixture: {name: the guide's lines, verbatim}."""
+    text = (SEEDS / guide).with_suffix(".txt").read_text(encoding="utf-8")
+    header = text.partition("\n")[0]
+    assert header.startswith(f"source: shared/seeds/{guide} "), header
+    marks = list(_EXCERPT.finditer(text))
+    out: dict[str, str] = {}
+    for mark, end in zip(marks, [m.start() for m in marks[1:]] + [len(text)], strict=True):
+        name, first, last = mark[1], int(mark[2]), int(mark[3])
+        body = text[mark.end() + 1 : end]
+        assert name not in out, f"{guide}: excerpt {name} twice"
+        assert body.count("\n") == last - first + 1 and body.endswith("\n"), (
+            f"{guide}: excerpt {name} does not hold lines {first}-{last}"
+        )
+        out[name] = body
+    return out
 
 
 # --------------------------------------------------------------------------- comparison
@@ -316,6 +328,30 @@ EXTENSION_CLASS = (
     "re-blocking subclass PdlaunchNixlConnector via kv_connector_module_path"
 )
 
+D2D_GAUDI_ONLY = (
+    "VLLM_NIXL_DEVICE_TO_DEVICE is read only by vllm-gaudi (vllm_gaudi/platform.py:402); "
+    "vLLM 0.32 never reads it, so pdlaunch exports it on Gaudi nodes only"
+)
+PROXY_ABSOLUTE = (
+    "the guide runs the proxy script from a checkout's directory; pdlaunch's script runs in "
+    "its work dir, so the topology names the script's absolute path (rule router-binary)"
+)
+MOONCAKE_REGISTERED = (
+    "vllm_ascend.distributed.mooncake_connector no longer exists (vllm-ascend #5719); "
+    "vllm-ascend registers MooncakeConnectorV1 itself and vLLM 0.32 would import a module "
+    "path before its registry (factory.py:106-114), so pdlaunch passes none"
+)
+GB200_0_32 = {
+    "flag:--swap-space": "removed from vLLM with the V0 engine (vllm PR 36216); 0.32 exits "
+    "with 'unrecognized arguments'",
+    "env:VLLM_NIXL_ABORT_REQUEST_TIMEOUT": "not read by vLLM 0.32; kv_lease_duration: 300 "
+    "in kv_connector_extra_config replaces it (nixl/base_scheduler.py:82-86)",
+    "env:VLLM_USE_FLASHINFER_MOE_FP4": "not read by vLLM 0.32; --moe-backend=flashinfer_cutlass "
+    "replaces it (vllm/config/kernel.py:122)",
+    "env:VLLM_USE_TRTLLM_RAGGED_DEEPSEEK_PREFILL": "not read by vLLM 0.32; "
+    "--attention-config.mla_prefill_backend=TRTLLM_RAGGED replaces it (config/attention.py:81)",
+}
+
 # --------------------------------------------------------------------------- hetero (rev2)
 
 HETERO = "hetero-pd-cuda-gaudi-nixl-rev2.md"
@@ -329,29 +365,27 @@ HETERO_VARS = {
     "LD_LIBRARY_PATH": INHERITED_LD,
 }
 CASES = {
-    # case: (topology, section start, section end, layout/block test data)
+    # case: (topology, layout/block test data)
     "case1": (
         "cuda-prefill-gaudi-decode.yaml",
-        "Case 1: CUDA Prefill + Gaudi Decode",
-        "Case 2: Gaudi Prefill + CUDA Decode",
         {"prefill_kv_layout": "HND", "prefill_block_size": "16"}
         | {"decode_kv_layout": "NHD", "decode_block_size": "128"},
     ),
     "case2": (
         "gaudi-prefill-cuda-decode.yaml",
-        "Case 2: Gaudi Prefill + CUDA Decode",
-        "Validation",
         {"prefill_kv_layout": "NHD", "prefill_block_size": "128"}
         | {"decode_kv_layout": "HND", "decode_block_size": "16"},
     ),
 }
-# (case, which launch script) -> rendered process; Case 1 prefills on CUDA, Case 2 on Gaudi.
+# (case, node) -> rendered process; the guide's "CUDA launch script:" of the case is the
+# fixture excerpt "{case}-cuda". Case 1 prefills on CUDA, Case 2 on Gaudi.
 _HETERO_ALLOWED = {"env:VLLM_USE_V1": V1_GONE, "kv:kv_role": SPLIT_ROLE}
+_CUDA_ALLOWED = _HETERO_ALLOWED | {"env:VLLM_NIXL_DEVICE_TO_DEVICE": D2D_GAUDI_ONLY}
 HETERO_SCRIPTS = {
-    ("case1", "CUDA launch script:"): ("prefill-0", _HETERO_ALLOWED),
-    ("case1", "Gaudi launch script:"): ("decode-0", _HETERO_ALLOWED),
-    ("case2", "CUDA launch script:"): ("decode-0", _HETERO_ALLOWED),
-    ("case2", "Gaudi launch script:"): (
+    ("case1", "cuda"): ("prefill-0", _CUDA_ALLOWED),
+    ("case1", "gaudi"): ("decode-0", _HETERO_ALLOWED),
+    ("case2", "cuda"): ("decode-0", _CUDA_ALLOWED),
+    ("case2", "gaudi"): (
         "prefill-0",
         _HETERO_ALLOWED | {"kv:kv_connector": EXTENSION_CLASS},
     ),
@@ -364,20 +398,17 @@ def assert_split_role(process: str, ran: Ran) -> None:
     assert cfg["kv_role"] == want, (process, cfg)
 
 
-def hetero_script(case: str, marker: str) -> SeedCommand:
-    _, start, end, data = CASES[case]
-    section = between(seed_text(HETERO), start, end)
-    block = section[section.index(marker) + len(marker) :]
-    block = block[: block.index("}'") + 2]
-    return vllm_serve(parse_shell(block, HETERO_VARS | data, {}))
+def hetero_script(case: str, node: str) -> SeedCommand:
+    _, data = CASES[case]
+    return vllm_serve(parse_shell(excerpts(HETERO)[f"{case}-{node}"], HETERO_VARS | data, {}))
 
 
-@pytest.mark.parametrize(("case", "marker"), list(HETERO_SCRIPTS))
-def test_hetero_node_matches_seed(case, marker, tmp_path, fakebin):
-    process, allowed = HETERO_SCRIPTS[(case, marker)]
+@pytest.mark.parametrize(("case", "node"), list(HETERO_SCRIPTS))
+def test_hetero_node_matches_seed(case, node, tmp_path, fakebin):
+    process, allowed = HETERO_SCRIPTS[(case, node)]
     scripts = render(TOPOLOGIES / CASES[case][0], tmp_path / "out")
     ran = run_script(scripts[process], fakebin)
-    assert_matches_seed(hetero_script(case, marker), ran, allowed)
+    assert_matches_seed(hetero_script(case, node), ran, allowed)
     assert_split_role(process, ran)
     if "kv:kv_connector" in allowed:
         cfg = json.loads(flag_values(ran, "--kv-transfer-config")[0])
@@ -387,17 +418,20 @@ def test_hetero_node_matches_seed(case, marker, tmp_path, fakebin):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_hetero_toy_proxy_matches_seed(case, tmp_path, fakebin):
-    text = between(seed_text(HETERO), "The following toy proxy script", "Case 1:")
+    text = excerpts(HETERO)["toy-proxy"]
     literal = {}
     if case == "case2":
         # The guide's proxy snippet is written for Case 1's roles (prefill on the CUDA
         # node); in Case 2 the prefiller is the Gaudi node and the decoder the CUDA node.
         literal = {'PREFILL_HOST="$cuda_ip"': 'PREFILL_HOST="$gaudi_ip"'}
         literal |= {'DECODE_HOST="$gaudi_ip"': 'DECODE_HOST="$cuda_ip"'}
+        assert all(line in text.splitlines() for line in literal), "swap matches nothing"
     seed = [c for c in parse_shell(text, HETERO_VARS, literal) if c.argv[0] == "python"]
     assert len(seed) == 1
     scripts = render(TOPOLOGIES / CASES[case][0], tmp_path / "out")
-    assert_matches_seed(seed[0], run_script(scripts["router"], fakebin), {})
+    ran = run_script(scripts["router"], fakebin)
+    assert_matches_seed(seed[0], ran, {"positional": PROXY_ABSOLUTE})
+    assert ran.argv[1] == "/opt/vllm-gaudi/examples/nixl/toy_proxy_server.py"
 
 
 # --------------------------------------------------------------------------- Ascend
@@ -410,6 +444,7 @@ ASCEND_ALLOWED = {
     "flag:--data-parallel-rpc-port": DP_ONLY_ABOVE_ONE,
     "kv:kv_parallel_size": KV_KEYS_0_32,
     "kv:kv_rank": KV_KEYS_0_32,
+    "kv:kv_connector_module_path": MOONCAKE_REGISTERED,
 }
 
 
@@ -426,12 +461,10 @@ def reflow_flattened(line: str) -> str:
     ("role", "kv_role"), [("prefill", "kv_producer"), ("decode", "kv_consumer")]
 )
 def test_ascend_node_matches_seed(role, kv_role, tmp_path, fakebin):
-    lines = [
-        line
-        for line in seed_text(ASCEND).splitlines()
-        if line.startswith("bashexport HCCL") and f'"kv_role": "{kv_role}"' in line
-    ]
-    assert len(lines) == 1
+    # The guide's run_prefill.sh / run_decode.sh, each flattened onto one line.
+    lines = excerpts(ASCEND)[f"run_{role}.sh"].splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bashexport HCCL")
+    assert f'"kv_role": "{kv_role}"' in lines[0]
     seed = vllm_serve(
         parse_shell(reflow_flattened(lines[0]), {"LD_LIBRARY_PATH": INHERITED_LD}, {})
     )
@@ -441,12 +474,14 @@ def test_ascend_node_matches_seed(role, kv_role, tmp_path, fakebin):
 
 def test_ascend_proxy_matches_seed(tmp_path, fakebin):
     found = re.findall(
-        r"python load_balance_proxy_server_example\.py .*?--port \d+", seed_text(ASCEND)
+        r"python load_balance_proxy_server_example\.py .*?--port \d+", excerpts(ASCEND)["proxy"]
     )
     assert len(found) == 1
     seed = parse_shell(found[0], {}, {})
     scripts = render(TOPOLOGIES / "ascend-mooncake-tp2.yaml", tmp_path / "out")
-    assert_matches_seed(seed[0], run_script(scripts["router"], fakebin), {})
+    ran = run_script(scripts["router"], fakebin)
+    assert_matches_seed(seed[0], ran, {"positional": PROXY_ABSOLUTE})
+    assert ran.argv[1].endswith("/disaggregated_prefill_v1/load_balance_proxy_server_example.py")
 
 
 # --------------------------------------------------------------------------- GB200
@@ -465,47 +500,39 @@ GB200_LITERAL = {
     "{NETWORK_INTERFACE}": "enP22p3s0f1np1",
     "{HF_CACHE_DIR}": "/data/hf-cache",
 }
-# rendered process -> (guide step, node host, extra placeholder mapping for the step)
+# rendered process -> (guide step's excerpt, node host, extra placeholder mapping for the step)
 GB200_NODES = {
-    "prefill-0-node0": ("1. Prefill Master", "gb200-p0-master", {}),
-    "prefill-0-node1": ("2. Prefill Worker", "gb200-p0-worker", {}),
-    # "Repeat steps 1-2 with {PREFILL_MASTER_1_HOSTNAME} and {PREFILL_WORKER_1_HOSTNAME}."
+    "prefill-0-node0": ("prefill-master", "gb200-p0-master", {}),
+    "prefill-0-node1": ("prefill-worker", "gb200-p0-worker", {}),
+    # Step 3, "Repeat steps 1-2 with {PREFILL_MASTER_1_HOSTNAME} and ...": see
+    # test_gb200_nodes_match_seed.
     "prefill-1-node0": (
-        "1. Prefill Master",
+        "prefill-master",
         "gb200-p1-master",
         {"{PREFILL_MASTER_0_HOSTNAME}": "gb200-p1-master"},
     ),
     "prefill-1-node1": (
-        "2. Prefill Worker",
+        "prefill-worker",
         "gb200-p1-worker",
         {"{PREFILL_MASTER_0_HOSTNAME}": "gb200-p1-master"},
     ),
-    "decode-0-node0": ("4. Decode Master", "gb200-d0-master", {}),
-    "decode-0-node1": ("5. Decode Worker", "gb200-d0-worker", {}),
-}
-GB200_STEP_END = {
-    "1. Prefill Master": "2. Prefill Worker",
-    "2. Prefill Worker": "3. Additional Prefill Instance",
-    "4. Decode Master": "5. Decode Worker",
-    "5. Decode Worker": "Router Setup",
+    "decode-0-node0": ("decode-master", "gb200-d0-master", {}),
+    "decode-0-node1": ("decode-worker", "gb200-d0-worker", {}),
 }
 GB200_SECRET = {"HF_TOKEN": "test-token"}
 
 
 def gb200_node_seed(process: str) -> SeedCommand:
     step, host, mapping = GB200_NODES[process]
-    text = seed_text(GB200)
-    env_text = between(text, "System Environment", "Decode-Specific Environment")
+    text = excerpts(GB200)
+    env_text = text["environment"]
     if process.startswith("decode"):
-        env_text += between(text, "Decode-Specific Environment", "vLLM Serve Commands")
+        env_text += text["decode-environment"]
     exports = "\n".join(re.findall(r"^export .*$", env_text, flags=re.M))
-    args = "\n".join(
-        m[0]
-        for m in re.finditer(
-            r'^\w+_ARGS="\n.*?\n"$', between(text, "Common Arguments", "Starting"), re.M | re.S
-        )
-    )
-    command = between(text, step, GB200_STEP_END[step])
+    blocks = re.findall(r'^\w+_ARGS="\n.*?\n"$', text["serve-arguments"], re.M | re.S)
+    assert [b.split("=", 1)[0] for b in blocks] == ["COMMON_ARGS", "PREFILL_ARGS", "DECODE_ARGS"]
+    args = "\n".join(blocks)
+    command = text[step]
     literal = GB200_HOSTS | GB200_LITERAL | mapping | {"$(hostname -i)": host}
     return vllm_serve(parse_shell(f"{exports}\n{args}\n{command}", {}, literal))
 
@@ -517,12 +544,29 @@ def gb200_ran(tmp_path_factory, fakebin) -> dict[str, Ran]:
 
 
 def test_gb200_nodes_match_seed(gb200_ran):
+    # Why prefill-1 is steps 1-2 with the instance-1 hosts (GB200_NODES):
+    assert excerpts(GB200)["additional-prefill"] == (
+        "Repeat steps 1-2 with {PREFILL_MASTER_1_HOSTNAME} and {PREFILL_WORKER_1_HOSTNAME}.\n"
+    )
     assert set(gb200_ran) == {*GB200_NODES, "router"}
     for process in GB200_NODES:
-        assert_matches_seed(
-            gb200_node_seed(process), gb200_ran[process], {"kv:kv_role": SPLIT_ROLE}
-        )
-        assert_split_role(process, gb200_ran[process])
+        ran = gb200_ran[process]
+        allowed = {"kv:kv_role": SPLIT_ROLE} | GB200_0_32
+        if process.startswith("decode"):
+            del allowed["flag:--swap-space"]  # a prefill-only flag in the guide
+            allowed["flag:--compilation-config"] = (
+                "the guide's whole-JSON --compilation-config is replaced by the JSON vLLM "
+                "builds from the dotted --compilation_config.* flags (argparse_utils.py:455); "
+                "pdlaunch gives it as a dotted key so it takes effect"
+            )
+            assert "--compilation_config.cudagraph_mode=FULL_DECODE_ONLY" in ran.argv
+        assert_matches_seed(gb200_node_seed(process), ran, allowed)
+        assert_split_role(process, ran)
+        # The replacements named in GB200_0_32 are there.
+        cfg = json.loads(flag_values(ran, "--kv-transfer-config")[0])
+        assert cfg["kv_connector_extra_config"]["kv_lease_duration"] == 300
+        assert "--moe-backend=flashinfer_cutlass" in ran.argv
+        assert "--attention-config.mla_prefill_backend=TRTLLM_RAGGED" in ran.argv
 
 
 def test_gb200_dp_flags_per_node(gb200_ran):
@@ -544,7 +588,7 @@ def test_gb200_dp_flags_per_node(gb200_ran):
 
 
 def test_gb200_router_matches_seed(gb200_ran):
-    text = between(seed_text(GB200), "Build & Run Router", "Key Router Options")
+    text = excerpts(GB200)["router"]
     seed = [c for c in parse_shell(text, {}, GB200_HOSTS) if c.argv[:2] == ["cargo", "run"]]
     assert len(seed) == 1
     # `cargo run --release -- ARGS` builds and runs the router; pdlaunch runs the binary.
@@ -559,6 +603,27 @@ def test_gb200_router_matches_seed(gb200_ran):
     assert flag_values(ran, "--policy") == ["round_robin"]
     assert flag_values(ran, "--port") == ["8123"]
     assert ran.env["RUST_LOG"] == "warn"
+
+
+# --------------------------------------------------------------------------- fixtures
+
+SEED_EXCERPTS = {
+    HETERO: {"toy-proxy", "case1-cuda", "case1-gaudi", "case2-cuda", "case2-gaudi"},
+    ASCEND: {"run_prefill.sh", "run_decode.sh", "proxy"},
+    GB200: {"environment", "decode-environment", "serve-arguments", "router"}
+    | {"prefill-master", "prefill-worker", "additional-prefill", "decode-master", "decode-worker"},
+}
+
+
+def test_seed_fixtures_hold_the_excerpts_the_tests_parse():
+    """One fixture per guide, headed by its source, holding exactly the named excerpts used
+    above, each with as many lines as the guide range it says it copies."""
+    assert {p.name for p in SEEDS.glob("*.txt")} == {Path(g).stem + ".txt" for g in SEED_EXCERPTS}
+    for guide, names in SEED_EXCERPTS.items():
+        assert set(excerpts(guide)) == names, guide
+        assert all(text.strip() for text in excerpts(guide).values()), guide
+    sources = (SEEDS / "SOURCES.md").read_text(encoding="utf-8")
+    assert all(f"`{Path(g).stem}.txt`" in sources for g in SEED_EXCERPTS)
 
 
 # --------------------------------------------------------------------------- vLLM 0.32
