@@ -213,7 +213,8 @@ def scan(argv: list[str], facts: Facts, start: int = 0) -> tuple[list[Arg], list
         name, inline = _canonical(token, facts)
         spelling, at = token.partition("=")[0], i
         i += 1
-        if facts.flexible and name.startswith("--") and "." in name:
+        if facts.flexible and "." in name:
+            # argparse_utils.py:425: any dashed name with a dot, `-cc.mode` too.
             base, *keys = name.split(".")
             flag, ambiguous = _lookup(base, facts)
             if inline is None and i < len(argv):
