@@ -31,12 +31,25 @@ def generate(instances: int) -> dict:
             "port": 8000 + slot,
             "tp": 2,
             "devices": [2 * slot, 2 * slot + 1],
+            # Every instance's flags and env go through the parser facts (unknown-flag,
+            # managed-flag, flag-override, managed-env, unknown-env).
+            "extra_args": ["--max-num-seqs=8", "--max-num-batched-tokens", "16384"],
+            "env": {"NCCL_SOCKET_IFNAME": "eth0", "VLLM_USE_NCCL_SYMM_MEM": "1"},
         }
 
     half = instances // 2
     return {
         "deployment": "bench",
         "model": {"name": "Qwen/Qwen3-0.6B"},
+        "defaults": {
+            "extra_args": [
+                "--enable-expert-parallel",
+                "--no-enable-chunked-prefill",
+                "--compilation_config.pass_config.fuse_allreduce_rms=true",
+                "--async-scheduling",
+            ],
+            "env": {"NCCL_TIMEOUT": "1800", "VLLM_SKIP_P2P_CHECK": "1"},
+        },
         "prefill": [inst(i) for i in range(half)],
         "decode": [inst(i) for i in range(half, instances)],
         "router": {"host": "10.255.255.1"},

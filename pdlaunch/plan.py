@@ -77,6 +77,8 @@ class Plan(Frozen):
     served_model_name: str
     agreed_block_size: int
     kv_connector: str
+    # The vLLM release series the nodes must run (flags were checked against its facts).
+    vllm_version: str = "0.32"
     processes: list[Process]
 
     def by_role(self, role: ProcessRole) -> list[Process]:
@@ -377,5 +379,6 @@ def build_plan(topo: Topology) -> Plan:
         served_model_name=served_name(topo),
         agreed_block_size=kv.agreed_block_size(topo),
         kv_connector=topo.kv_connector.kind,
+        vllm_version=topo.model.vllm_version,
         processes=procs,
     )

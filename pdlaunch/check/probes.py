@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pdlaunch.check import parsers as p
+from pdlaunch.check import vllm_argv
 from pdlaunch.check.results import CheckResult
 
 Scope = Literal["host", "pair"]
@@ -338,6 +339,14 @@ PROBES: tuple[Probe, ...] = (
         "versions", "python / vLLM / NIXL versions", _cmd_versions, p.eval_versions, timeout_s=60.0
     ),
     Probe("model.path", "local model path", _cmd_model, p.eval_model_path),
+    Probe(
+        vllm_argv.PROBE,
+        "planned argv parses with the node's vLLM",
+        vllm_argv.command,
+        vllm_argv.evaluate,
+        timeout_s=180.0,
+        fast=False,
+    ),
     # --- optional --------------------------------------------------------------------
     Probe(
         "bandwidth.ib_write_bw",

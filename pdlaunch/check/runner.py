@@ -374,7 +374,7 @@ def _host_jobs(plan: Plan, t: HostTarget, opts: CheckOptions) -> list[_Job]:
         planned_env.update(proc.env)
     for probe in probes:
         pid = probe.id
-        if pid in ("versions", "model.path") and not engines:
+        if pid in ("versions", "model.path", "vllm.argv") and not engines:
             continue  # a router-only host runs no vLLM
         if pid == "versions":
             jobs.append(
@@ -388,6 +388,10 @@ def _host_jobs(plan: Plan, t: HostTarget, opts: CheckOptions) -> list[_Job]:
                     },
                 )
             )
+        elif pid == "vllm.argv":
+            argvs = {x.name: x.argv[1:] for x in engines}
+            params = {"python": _python(t), "argvs": argvs, "series": plan.vllm_version}
+            jobs.append(_probe_job(probe, label, params))
         elif pid == "model.path":
             jobs += [_probe_job(probe, label, {"path": m}) for m in local_models]
         elif pid == "ports.listen":

@@ -474,6 +474,7 @@ def test_probe_selection_and_rendering():
         "ports.listen",
         "versions",
         "model.path",
+        "vllm.argv",
     ]
     asc = [pr.id for pr in select_probes({"ascend"}, {"hccl"}, model_is_local=False)]
     assert asc == [
@@ -484,6 +485,7 @@ def test_probe_selection_and_rendering():
         "ascend.tls",
         "ports.listen",
         "versions",
+        "vllm.argv",
     ]
     pairs = [pr.id for pr in select_probes({"ascend"}, {"rdma"}, scope="pair", bandwidth=True)]
     assert pairs == ["ascend.ping", "ports.reach", "bandwidth.ib_write_bw"]

@@ -328,7 +328,7 @@ def test_ascend_pair_and_cluster_rows(tmp_path, sshd_hosts, sshd_cluster):
             "host": "127.0.0.1",
             "port": free_port(),
             "kind": "toy-proxy",
-            "binary": "proxy.py",
+            "binary": "/opt/proxy.py",
         },
     }
     _, plan = plan_of(tmp_path, topo)
