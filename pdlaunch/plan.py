@@ -19,13 +19,22 @@ from pdlaunch.devices import profile
 from pdlaunch.nodeenv import derived_env, devices_of
 from pdlaunch.ports import (
     Node,
+    PortKind,
     all_nodes,
     mooncake_settings,
     node_ports,
     router_ports,
     side_channel_bases,
 )
-from pdlaunch.topology import SECRET_REF, HostSettings, Ssh, Topology, is_loopback
+from pdlaunch.topology import (
+    SECRET_REF,
+    DeviceKind,
+    HostSettings,
+    Instance,
+    Ssh,
+    Topology,
+    is_loopback,
+)
 
 # The KV extension inside this package (pdlaunch/kv/connector.py), loaded by vLLM on the
 # prefill nodes through kv_connector_module_path. pdlaunch.kv's root imports no torch/vLLM.
@@ -41,7 +50,8 @@ class Frozen(BaseModel):
 
 class PlannedPort(Frozen):
     port: int
-    purpose: str
+    purpose: str  # for people (script headers, tables)
+    kind: PortKind = "http"  # for programs (check, launch): never match on `purpose`
 
 
 class Process(Frozen):
@@ -64,6 +74,11 @@ class Process(Frozen):
     ports: list[PlannedPort]
     health_url: str | None
     devices: list[int]
+    # Typed facts for consumers (check, launch), so none re-parses argv or env names.
+    device: DeviceKind | None = None  # None: the router
+    model_path: str | None = None
+    kv_transfer_config: dict[str, Any] | None = None
+    gpu_memory_utilization: float | None = None
     work_dir: str
     script_path: str
     log_path: str
@@ -192,6 +207,13 @@ def kv_transfer_config(topo: Topology, node: Node) -> dict[str, Any]:
     return cfg
 
 
+def _gpu_memory_utilization(topo: Topology, inst: Instance) -> float | None:
+    # vLLM's CPU backend sizes its KV cache from VLLM_CPU_KVCACHE_SPACE instead.
+    if inst.device == "cpu":
+        return None
+    return inst.gpu_memory_utilization or topo.defaults.gpu_memory_utilization
+
+
 def _serve_argv(topo: Topology, node: Node) -> list[str]:
     inst, model = node.instance, topo.model
     binary = inst.vllm_bin or topo.defaults.vllm_bin
@@ -216,8 +238,8 @@ def _serve_argv(topo: Topology, node: Node) -> list[str]:
         argv += ["--max-model-len", str(model.max_model_len)]
     if model.trust_remote_code:
         argv.append("--trust-remote-code")
-    if inst.device != "cpu":
-        util = inst.gpu_memory_utilization or topo.defaults.gpu_memory_utilization
+    util = _gpu_memory_utilization(topo, inst)
+    if util is not None:
         argv += ["--gpu-memory-utilization", f"{util:g}"]
     if kv.block_size_pinned(topo, inst):
         argv += ["--block-size", str(kv.block_size(inst))]
@@ -271,7 +293,8 @@ def _node_process(topo: Topology, node: Node, bases: dict, mooncake: dict) -> Pr
     env, prepend, secret = _serve_env(topo, node)
     work_dir = _work_dir(topo, node.host, inst.work_dir)
     ports = [
-        PlannedPort(port=u.port, purpose=u.purpose) for u in node_ports(topo, node, bases, mooncake)
+        PlannedPort(port=u.port, purpose=u.purpose, kind=u.kind)
+        for u in node_ports(topo, node, bases, mooncake)
     ]
     health = f"http://{_url_host(node.host)}:{inst.port}/health" if node.serves_http else None
     return Process(
@@ -285,6 +308,10 @@ def _node_process(topo: Topology, node: Node, bases: dict, mooncake: dict) -> Pr
         ssh=_ssh(topo, node.host, inst.ssh),
         argv=_serve_argv(topo, node),
         env=env,
+        device=inst.device,
+        model_path=inst.model_path or topo.model.name,
+        kv_transfer_config=kv_transfer_config(topo, node),
+        gpu_memory_utilization=_gpu_memory_utilization(topo, inst),
         path_prepend=prepend,
         secret_env=secret,
         ports=ports,
@@ -359,7 +386,9 @@ def _router_process(topo: Topology) -> Process:
         env=plain,
         path_prepend={},
         secret_env=secret,
-        ports=[PlannedPort(port=u.port, purpose=u.purpose) for u in router_ports(topo)],
+        ports=[
+            PlannedPort(port=u.port, purpose=u.purpose, kind=u.kind) for u in router_ports(topo)
+        ],
         health_url=f"http://{_url_host(r.host)}:{r.port}{_router_health_path(r.kind)}",
         devices=[],
         work_dir=work_dir,

@@ -7,6 +7,7 @@ A *node* is one `vllm serve` process: an instance has one per host it spans
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from pdlaunch.topology import Instance, Role, Topology, instance_name
 
@@ -55,11 +56,17 @@ class Node:
         return self.instance.tp * self.local_size
 
 
+PortKind = Literal[
+    "http", "nixl_side_channel", "dp_rpc", "mooncake_kv", "router_http", "router_metrics"
+]
+
+
 @dataclass(frozen=True)
 class PortUse:
     port: int
-    purpose: str
+    purpose: str  # for people; consumers read `kind`
     field: FieldPath
+    kind: PortKind = "http"
 
 
 def local_dp_size(inst: Instance) -> int:
@@ -156,11 +163,13 @@ def _fixed_ports(topo: Topology, node: Node, _: dict) -> list[PortUse]:
     inst, path = node.instance, node.path
     uses: list[PortUse] = []
     if node.serves_http:
-        uses.append(PortUse(inst.port, "HTTP API", (*path, "port")))
+        uses.append(PortUse(inst.port, "HTTP API", (*path, "port"), "http"))
     # vllm/v1/engine/utils.py:1307-1329: only the start-rank-0 front end binds the RPC port,
     # and only over TCP when DP spans nodes (one host uses an IPC path).
     if inst.dp.size > 1 and node.is_master and len(inst.node_hosts) > 1:
-        uses.append(PortUse(inst.dp.rpc_port, "data-parallel RPC", (*path, "dp", "rpc_port")))
+        uses.append(
+            PortUse(inst.dp.rpc_port, "data-parallel RPC", (*path, "dp", "rpc_port"), "dp_rpc")
+        )
     return uses
 
 
@@ -179,7 +188,9 @@ def node_ports(
             else ("kv_connector", "side_channel_port")
         )
         for rank, port in enumerate(_side_channel_ports(bases[key], node), node.start_rank):
-            uses.append(PortUse(port, f"NIXL side channel (DP rank {rank})", field))
+            uses.append(
+                PortUse(port, f"NIXL side channel (DP rank {rank})", field, "nixl_side_channel")
+            )
     elif mooncake is not None and node.role == "prefill":
         # vllm-ascend mooncake_connector (MooncakeConnectorWorker): the producer's sending
         # thread listens on kv_port + dp_rank*tp + tp_rank; the consumer only connects.
@@ -194,16 +205,24 @@ def node_ports(
             for tp_rank in range(tp):
                 uses.append(
                     PortUse(
-                        port + rank * tp + tp_rank, f"Mooncake KV (DP {rank}, TP {tp_rank})", field
+                        port + rank * tp + tp_rank,
+                        f"Mooncake KV (DP {rank}, TP {tp_rank})",
+                        field,
+                        "mooncake_kv",
                     )
                 )
     return uses
 
 
 def router_ports(topo: Topology) -> list[PortUse]:
-    uses = [PortUse(topo.router.port, "router HTTP", ("router", "port"))]
+    uses = [PortUse(topo.router.port, "router HTTP", ("router", "port"), "router_http")]
     if topo.router.kind == "vllm-router":
         uses.append(
-            PortUse(topo.router.prometheus_port, "router metrics", ("router", "prometheus_port"))
+            PortUse(
+                topo.router.prometheus_port,
+                "router metrics",
+                ("router", "prometheus_port"),
+                "router_metrics",
+            )
         )
     return uses

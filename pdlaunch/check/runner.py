@@ -27,7 +27,6 @@ Which Python interpreter runs the version/reachability probes on a host, first m
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import posixpath
@@ -245,29 +244,6 @@ def group_hosts(plan: Plan) -> list[HostTarget]:
     return list(targets.values())
 
 
-def _device_kind(proc: Process) -> str | None:
-    if proc.role == "router":
-        return None
-    for var, kind in (
-        ("CUDA_VISIBLE_DEVICES", "cuda"),
-        ("HABANA_VISIBLE_MODULES", "hpu"),
-        ("ASCEND_RT_VISIBLE_DEVICES", "npu"),
-    ):
-        if var in proc.env:
-            return kind
-    kv = _kv_config(proc)
-    return kv.get("kv_buffer_device") if kv.get("kv_buffer_device") in DEVICE_KIND else "cpu"
-
-
-def _kv_config(proc: Process) -> dict[str, Any]:
-    with contextlib.suppress(ValueError, IndexError):
-        i = proc.argv.index("--kv-transfer-config")
-        data = json.loads(proc.argv[i + 1])
-        if isinstance(data, dict):
-            return data
-    return {}
-
-
 def _ucx_items(proc: Process) -> list[str]:
     tls = proc.env.get("UCX_TLS", "")
     negate, items = p.split_ucx_tls(tls)
@@ -278,7 +254,7 @@ def _needs(plan: Plan, t: HostTarget) -> tuple[set[str], set[str]]:
     devices: set[str] = set()
     transports = {"tcp"}
     for proc in t.engines:
-        kind = _device_kind(proc)
+        kind = proc.device
         if kind:
             devices.add(DEVICE_KIND[kind])
         if plan.kv_connector == "nixl":
@@ -310,12 +286,6 @@ def _login_path(path: str, local: bool) -> str:
 
 def _is_local_path(path: str) -> bool:
     return path.startswith(("/", "~", "./", "../"))
-
-
-def _mem_util(proc: Process) -> float | None:
-    with contextlib.suppress(ValueError, IndexError):
-        return float(proc.argv[proc.argv.index("--gpu-memory-utilization") + 1])
-    return None
 
 
 def _net_devices(t: HostTarget) -> list[str]:
@@ -358,7 +328,7 @@ def _probe_job(probe: Probe, target: str, params: dict[str, Any], required: bool
 def _host_jobs(plan: Plan, t: HostTarget, opts: CheckOptions) -> list[_Job]:
     engines = t.engines
     local_models = sorted(
-        {x.argv[2] for x in engines if len(x.argv) > 2 and _is_local_path(x.argv[2])}
+        {x.model_path for x in engines if x.model_path and _is_local_path(x.model_path)}
     )
     probes = select_probes(
         t.devices,
@@ -412,15 +382,15 @@ def _host_jobs(plan: Plan, t: HostTarget, opts: CheckOptions) -> list[_Job]:
             jobs.append(_probe_job(probe, label, {"planned_env": planned_env}))
         elif pid in ("nvidia.smi", "gaudi.devices", "ascend.npu_smi"):
             kind = {"nvidia.smi": "cuda", "gaudi.devices": "hpu", "ascend.npu_smi": "npu"}[pid]
-            procs = [x for x in engines if _device_kind(x) == kind]
+            procs = [x for x in engines if x.device == kind]
             devs = sorted({d for x in procs for d in x.devices})
             params: dict[str, Any] = {"need": len(devs), "devices": devs}
-            utils = [u for u in (_mem_util(x) for x in procs) if u is not None]
+            utils = [u for u in (x.gpu_memory_utilization for x in procs) if u is not None]
             if utils:
                 params["min_free_fraction"] = max(utils)
             jobs.append(_probe_job(probe, label, params))
         elif pid.startswith("ascend."):
-            npus = sorted({d for x in engines if _device_kind(x) == "npu" for d in x.devices})
+            npus = sorted({d for x in engines if x.device == "npu" for d in x.devices})
             jobs.append(_probe_job(probe, label, {"npus": npus}))
         else:
             jobs.append(_probe_job(probe, label, {}))
@@ -452,12 +422,12 @@ def reach_pairs(plan: Plan) -> list[_Reach]:
         for pf in prefill:
             addr = pf.env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", pf.host)
             for pp in pf.ports:
-                if pp.purpose.startswith(("NIXL side channel", "Mooncake KV")):
+                if pp.kind in ("nixl_side_channel", "mooncake_kv"):
                     out.append(_Reach(d.name, pf.name, addr, pp.port, pp.purpose))
     for r in plan.by_role("router"):
         for proc in [*prefill, *decode]:
             for pp in proc.ports:
-                if pp.purpose == "HTTP API":
+                if pp.kind == "http":
                     out.append(_Reach(r.name, proc.name, proc.host, pp.port, pp.purpose))
     for proc in [*prefill, *decode]:
         if proc.node_index == 0:
@@ -465,7 +435,7 @@ def reach_pairs(plan: Plan) -> list[_Reach]:
         for m in plan.processes:
             if m.instance == proc.instance and m.node_index == 0:
                 for pp in m.ports:
-                    if pp.purpose == "data-parallel RPC":
+                    if pp.kind == "dp_rpc":
                         out.append(_Reach(proc.name, m.name, m.host, pp.port, pp.purpose))
     return out
 
@@ -759,8 +729,8 @@ def _ascend_pings(
     pairs: list[str],
 ) -> list[CheckResult]:
     probe = PROBES_BY_ID["ascend.ping"]
-    npu_prefill = [x for x in plan.by_role("prefill") if _device_kind(x) == "npu"]
-    npu_decode = [x for x in plan.by_role("decode") if _device_kind(x) == "npu"]
+    npu_prefill = [x for x in plan.by_role("prefill") if x.device == "npu"]
+    npu_decode = [x for x in plan.by_role("decode") if x.device == "npu"]
     jobs: dict[tuple, list[_Job]] = {}
     out: list[CheckResult] = []
     for pf in npu_prefill:

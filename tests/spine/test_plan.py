@@ -173,3 +173,34 @@ def test_nixl_kv_role_split_by_default_and_both_on_request():
     plan = build_plan(load_text(both, "local-cpu.yaml")[0])
     engines = [p for p in plan.processes if p.role != "router"]
     assert {kv_config(p)["kv_role"] for p in engines} == {"kv_both"}
+
+
+def test_processes_carry_typed_facts():
+    plan = plan_of("gb200-xpyd.yaml")
+    p0 = plan.processes[0]
+    assert (p0.device, p0.model_path) == ("cuda", "nvidia/DeepSeek-R1-0528-FP4-v2")
+    assert p0.kv_transfer_config == kv_config(p0) and p0.gpu_memory_utilization == 0.9
+    kinds = {pp.kind for p in plan.processes for pp in p.ports}
+    assert kinds == {"http", "nixl_side_channel", "dp_rpc", "router_http", "router_metrics"}
+    assert plan.router.device is None and plan.vllm_version == "0.32"
+    cpu = plan_of("local-cpu.yaml").by_role("decode")[0]
+    assert cpu.device == "cpu" and cpu.gpu_memory_utilization is None
+
+
+def test_reach_pairs_read_port_kinds_not_labels():
+    from pdlaunch.check.runner import reach_pairs
+
+    plan = plan_of("gb200-xpyd.yaml")
+    relabeled = plan.model_copy(
+        update={
+            "processes": [
+                p.model_copy(
+                    update={"ports": [pp.model_copy(update={"purpose": "x"}) for pp in p.ports]}
+                )
+                for p in plan.processes
+            ]
+        }
+    )
+    pairs = [(r.source, r.dest, r.port) for r in reach_pairs(plan)]
+    assert pairs == [(r.source, r.dest, r.port) for r in reach_pairs(relabeled)]
+    assert len(pairs) > 10
