@@ -88,10 +88,6 @@ def prefill_kv(topo: Topology, inst: Instance) -> PrefillKv:
     return PrefillKv(True, agreed, "NHD" if alias else "HND")
 
 
-def any_reblock(topo: Topology) -> bool:
-    return any(prefill_kv(topo, p).reblock for p in topo.prefill)
-
-
 def needs_permute(topo: Topology, role: Role, inst: Instance) -> bool:
     """Decode in NHD receiving HND pages permutes locally (vLLM's enable_permute_local_kv)."""
     if role != "decode" or topo.kv_connector.kind != "nixl":

@@ -15,7 +15,7 @@ from pathlib import Path
 import jinja2
 
 from pdlaunch import __version__
-from pdlaunch.plan import Plan, Process
+from pdlaunch.plan import Plan
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -69,11 +69,6 @@ class RenderedFile:
     name: str
     content: str
     executable: bool
-
-
-def render_process(plan: Plan, process: Process) -> str:
-    tpl = _environment().get_template("process.sh.j2")
-    return tpl.render(plan=plan, p=process, version=__version__)
 
 
 def render_plan(plan: Plan) -> list[RenderedFile]:

@@ -20,7 +20,7 @@ Cluster-wide checks (:func:`~pdlaunch.check.parsers.compare_versions`,
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -390,7 +390,3 @@ def select_probes(
             continue
         out.append(pr)
     return out
-
-
-def probe_ids(probes: Sequence[Probe]) -> list[str]:
-    return [pr.id for pr in probes]

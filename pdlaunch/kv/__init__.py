@@ -19,7 +19,6 @@ CONNECTOR_CLASS = "PdlaunchNixlConnector"
 KEY_AGREED_BLOCK_SIZE = "agreed_block_size"
 KEY_DECODE_BLOCK_SIZES = "decode_block_sizes"
 KEY_DECODE_KV_LAYOUT = "decode_kv_layout"
-EXTRA_CONFIG_KEYS = (KEY_AGREED_BLOCK_SIZE, KEY_DECODE_BLOCK_SIZES, KEY_DECODE_KV_LAYOUT)
 
 #: vLLM versions the connector was built and tested against.
 TESTED_VLLM_VERSIONS = ("0.32.0",)
@@ -63,7 +62,6 @@ def prefill_kv_transfer_config(
 __all__ = [
     "CONNECTOR_CLASS",
     "CONNECTOR_MODULE_PATH",
-    "EXTRA_CONFIG_KEYS",
     "KEY_AGREED_BLOCK_SIZE",
     "KEY_DECODE_BLOCK_SIZES",
     "KEY_DECODE_KV_LAYOUT",

@@ -386,21 +386,3 @@ def reblock_upstream_style_(
         _tok_view(blocks, src_layout, r, agreed, num_heads)
     )
     flat.index_copy_(0, idx, out.reshape(n, -1))
-
-
-def read_token(
-    cache: torch.Tensor,
-    block_id: int,
-    pos: int,
-    *,
-    block_size: int,
-    num_heads: int,
-    layout: str,
-) -> torch.Tensor:
-    """``[H, C]`` KV of slot ``pos`` in page ``block_id`` (``layout`` page, any block size)."""
-    flat = page_view(cache)
-    page = flat[block_id]
-    if layout == "NHD":
-        return page.view(block_size, num_heads, -1)[pos]
-    _check_layout(layout)
-    return page.view(num_heads, block_size, -1)[:, pos]

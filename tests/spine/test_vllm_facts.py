@@ -103,7 +103,7 @@ def test_scan_and_vllm_both_refuse(words, real_vllm):
     ],
 )
 def test_scan_reads_router_argv_like_vllm_router(words, dest):
-    ns, stored, error = _parse(_router_parser, words)
+    ns, _, error = _parse(_router_parser, words)
     assert ns is not None, error
     args, positionals = facts.scan(words, facts.router())
     assert positionals == [] and [a.dest for a in args] == [dest]
