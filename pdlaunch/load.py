@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from pdlaunch.topology import Topology
+from pdlaunch.topology import Topology, canonical_host
 
 FieldPath = tuple[str | int, ...]
 MAX_BYTES = 4 * 1024 * 1024
@@ -132,6 +132,14 @@ def _check_depth(text: str, file: str) -> None:
             depth -= 1
 
 
+def _alias_host_keys(lines: dict[FieldPath, int]) -> None:
+    """`hosts:` keys are canonicalised by the schema (Node1.Example.COM. -> node1.example.com);
+    findings name the canonical key, so give it the line of the key as written."""
+    for path, line in list(lines.items()):
+        if len(path) >= 2 and path[0] == "hosts" and isinstance(path[1], str):
+            lines.setdefault(("hosts", canonical_host(path[1]), *path[2:]), line)
+
+
 def parse_text(text: str, file: str) -> tuple[Any, Source]:
     source = Source(file)
     try:
@@ -149,6 +157,7 @@ def parse_text(text: str, file: str) -> tuple[Any, Source]:
     try:
         _expanded_size(node, {}, set())
         _walk(node, (), source.lines)
+        _alias_host_keys(source.lines)
         data = _LOADER("").construct_document(node)
     except _BadKey as bad:
         raise LoadError([Problem(file, bad.line, "", bad.message)]) from None

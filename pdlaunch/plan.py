@@ -33,6 +33,7 @@ from pdlaunch.topology import (
     Instance,
     Ssh,
     Topology,
+    host_key,
     is_loopback,
 )
 
@@ -113,7 +114,12 @@ def _url_host(host: str) -> str:
 
 
 def _host_settings(topo: Topology, host: str) -> HostSettings:
-    return topo.hosts.get(host) or HostSettings()
+    # The rules decide "same host" with host_key (every loopback spelling is one machine), so
+    # settings written under `localhost` apply to a node at 127.0.0.1 here too.
+    if host in topo.hosts:
+        return topo.hosts[host]
+    key = host_key(host)
+    return next((s for h, s in topo.hosts.items() if host_key(h) == key), HostSettings())
 
 
 def _work_dir(topo: Topology, host: str, override: str | None) -> str:

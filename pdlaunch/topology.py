@@ -8,6 +8,7 @@ source and a fix.
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Callable
 from functools import lru_cache
 from ipaddress import ip_address
@@ -47,6 +48,15 @@ def _check_env(env: dict[str, str]) -> dict[str, str]:
 EnvMap = dict[str, str]
 
 
+def _ipv4_legacy(host: str) -> bytes | None:
+    """The address the C resolver gives an IPv4 spelling `ipaddress` refuses ("0", "127.1",
+    "0x7f.1", "000.000.000.000"): what a socket would really connect to or bind."""
+    try:
+        return socket.inet_aton(host)
+    except (OSError, ValueError):
+        return None
+
+
 @lru_cache(maxsize=4096)
 def is_loopback(host: str) -> bool:
     """127.0.0.0/8, ::1 or localhost: one machine, whatever the spelling."""
@@ -55,7 +65,8 @@ def is_loopback(host: str) -> bool:
     try:
         return ip_address(host.strip("[]")).is_loopback
     except ValueError:
-        return False
+        legacy = _ipv4_legacy(host)
+        return legacy is not None and legacy[0] == 127
 
 
 def canonical_host(host: str) -> str:
@@ -75,11 +86,12 @@ def host_key(host: str) -> str:
 
 
 def is_unspecified(host: str) -> bool:
-    """0.0.0.0 / :: mean "every address" to bind(); nobody can dial them."""
+    """0.0.0.0 / :: (in any spelling: "0", "0x0") mean "every address" to bind(); nobody can
+    dial them."""
     try:
         return ip_address(host.strip("[]")).is_unspecified
     except ValueError:
-        return False
+        return _ipv4_legacy(host) == b"\0\0\0\0"
 
 
 def _check_host(host: str) -> str:

@@ -179,14 +179,23 @@ def _lookup(name: str, facts: Facts) -> tuple[Flag | None, tuple[str, ...]]:
             return next(iter(hits.values())), ()
         if len(dests) > 1:
             return None, tuple(sorted(hits))
-    elif not name.startswith("--") and len(name) > 2 and name[:2] in facts.by_option:
-        # Short option with its value attached (-tp2 is not this: -tp is an option itself).
-        return facts.by_option[name[:2]], ()
+    elif not name.startswith("--"):
+        # argparse._get_option_tuples: a single-dash name is a prefix of single-dash options
+        # (-t -> -tp), or a two-character option with its value attached (-O3).
+        hits = {o: f for o, f in facts.by_option.items() if o.startswith(name) and o[1] != "-"}
+        if name[:2] in facts.by_option and len(name) > 2:
+            hits[name[:2]] = facts.by_option[name[:2]]
+        dests = {f.dest for f in hits.values()}
+        if len(dests) == 1:
+            return next(iter(hits.values())), ()
+        if len(dests) > 1:
+            return None, tuple(sorted(hits))
     return None, ()
 
 
 def _is_option(token: str) -> bool:
-    return token.startswith("-") and token != "-" and not re.fullmatch(r"-\d[\d.e+-]*", token)
+    # argparse's own test (_negative_number_matcher): -5 and -.5 are values, -1e5 is not.
+    return token.startswith("-") and token != "-" and not re.fullmatch(r"-\d+|-\d*\.\d+", token)
 
 
 def scan(argv: list[str], facts: Facts, start: int = 0) -> tuple[list[Arg], list[int]]:

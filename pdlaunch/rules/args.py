@@ -44,6 +44,9 @@ MANAGED_VLLM = {
     "gpu_memory_utilization": "gpu_memory_utilization",
     "enable_prefix_caching": "prefix_caching",
     "enforce_eager": "enforce_eager",
+    # A YAML of flags (argparse_utils.py:_pull_args_from_config) could set any of the above
+    # where pdlaunch leaves vLLM's default (e.g. an unpinned --block-size) unseen by the rules.
+    "config": "extra_args (list the flags there, where they are checked)",
 }
 
 MANAGED_ROUTER = {
