@@ -243,28 +243,6 @@ def block_direction(topo: Topology) -> Iterator[Finding]:
             )
 
 
-@rule(
-    "layout-direction",
-    "a P/D layout mismatch must be one vLLM or the extension can convert",
-    f"{NIXL}:2511",
-)
-def layout_direction(topo: Topology) -> Iterator[Finding]:
-    if topo.kv_connector.kind != "nixl":
-        return
-    for pi, p, adv, di, d in _pairs(topo):
-        local = kv.kv_layout(d)
-        if adv.layout != local and not (adv.layout == "HND" and local == "NHD"):
-            yield error(
-                "layout-direction",
-                ("decode", di, "kv_layout"),
-                f"{display_name('prefill', pi, p)} advertises {adv.layout} pages and "
-                f"{display_name('decode', di, d)} holds {local}: vLLM only permutes remote HND "
-                "into a local NHD cache",
-                "use the same kv_layout on both sides",
-                f"{NIXL}:2497-2516 ('Heterogeneous TP expects same kv_cache_layout')",
-            )
-
-
 @rule("tp-order", "tensor-parallel sizes the connector can pair", f"{KV_UTILS}:503; {SEED_ASCEND}")
 def tp_order(topo: Topology) -> Iterator[Finding]:
     for pi, p, _adv, di, d in _pairs(topo):

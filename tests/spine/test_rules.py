@@ -195,6 +195,33 @@ def test_layout_direction():
     # extension cannot run: a CPU prefill in NHD is already refused by kv-layout.
 
 
+def test_advertised_layout_is_always_one_decode_can_take():
+    """Why there is no layout-direction rule: kvgeometry.prefill_kv only advertises NHD pages
+    to NHD decodes; anything else is HND, which vLLM permutes into an NHD cache
+    (enable_permute_local_kv, base_worker.py:2511). Checked over every layout combination."""
+    from itertools import product
+
+    from pdlaunch import kvgeometry as kv
+    from pdlaunch.load import load_text
+
+    for p_dev, p_lay, d_lays in product(("cuda", "hpu"), ("NHD", "HND"), ("NHD", "HND", "mix")):
+        if p_dev == "hpu" and p_lay == "HND":
+            continue
+        lays = ["NHD", "HND"] if d_lays == "mix" else [d_lays]
+        decodes = ",".join(
+            f"{{host: 10.0.0.{i + 2}, device: cuda, port: 8200, kv_layout: {lay}}}"
+            for i, lay in enumerate(lays)
+        )
+        topo, _ = load_text(
+            f"deployment: t\nmodel: {{name: m}}\nprefill: [{{host: 10.0.0.1, device: {p_dev}, "
+            f"port: 8100, kv_layout: {p_lay}}}]\ndecode: [{decodes}]\nrouter: {{host: 10.0.0.9}}"
+        )
+        adv = kv.prefill_kv(topo, topo.prefill[0])
+        for d in topo.decode:
+            local = kv.kv_layout(d)
+            assert adv.layout == local or (adv.layout, local) == ("HND", "NHD"), (p_lay, lays)
+
+
 def test_tp_order_nixl_divisibility_and_hetero_block():
     assert "tp-order" in ids(
         findings(
