@@ -272,10 +272,3 @@ def overrides(args: list[Arg]) -> list[tuple[Arg, Arg]]:
             winner = next(b for b in args if b.dest == a.dest and b.json_keys)
             pairs.append((a, winner))
     return pairs
-
-
-def describe_removed(entry: dict[str, str]) -> str:
-    parts = [entry["why"]]
-    if entry.get("replacement"):
-        parts.append(f"use {entry['replacement']}")
-    return "; ".join(parts)

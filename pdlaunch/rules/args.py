@@ -340,9 +340,7 @@ def unknown_env(topo: Topology) -> Iterator[Finding]:
                     "unknown-env",
                     (*path, var),
                     f"{var} is not read by {vf.label}: {removed['why']}",
-                    facts.describe_removed(removed).split("; ", 1)[-1]
-                    if removed.get("replacement")
-                    else "remove it",
+                    f"use {removed['replacement']}" if removed["replacement"] else "remove it",
                     removed["source"],
                 )
                 continue
