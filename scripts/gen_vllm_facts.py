@@ -125,12 +125,23 @@ def parser_facts(parser: argparse.ArgumentParser) -> list[dict[str, Any]]:
     return sorted(flags, key=lambda f: (f["options"][:1], f["dest"]))
 
 
-def vllm_serve_parser() -> argparse.ArgumentParser:
+def vllm_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """(the `vllm` parser, its `serve` subparser), built as `vllm` builds them. Also used by
+    the fidelity tests, which parse with the top parser (it sees `serve` first)."""
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     top = FlexibleArgumentParser()
-    return ServeSubcommand().subparser_init(top.add_subparsers(dest="subparser"))
+    return top, ServeSubcommand().subparser_init(top.add_subparsers(dest="subparser"))
+
+
+def router_parser() -> argparse.ArgumentParser:
+    """vllm-router's parser, as vllm_router/launch_router.py:parse_router_args builds it."""
+    from vllm_router.router_args import RouterArgs
+
+    parser = argparse.ArgumentParser()
+    RouterArgs.add_cli_args(parser, use_router_prefix=False)
+    return parser
 
 
 def vllm_env_names() -> list[str]:
@@ -147,7 +158,7 @@ def vllm_env_names() -> list[str]:
 
 def vllm_facts() -> dict[str, Any]:
     version = importlib.metadata.version("vllm").split("+")[0]
-    parser = vllm_serve_parser()
+    _, parser = vllm_parsers()
     return {
         "tool": "vllm",
         "version": version,
@@ -167,10 +178,7 @@ def vllm_facts() -> dict[str, Any]:
 
 
 def router_facts() -> dict[str, Any]:
-    from vllm_router.router_args import RouterArgs
-
-    parser = argparse.ArgumentParser()
-    RouterArgs.add_cli_args(parser, use_router_prefix=False)
+    parser = router_parser()
     version = importlib.metadata.version("vllm-router")
     return {
         "tool": "vllm-router",

@@ -25,6 +25,7 @@ from typing import Any
 
 from pdlaunch import facts
 from pdlaunch.devices import profile
+from scripts.gen_vllm_facts import router_parser, vllm_parsers
 
 # vLLM's toy proxy (tests/v1/kv_connector/nixl_integration/toy_proxy_server.py, vllm-gaudi
 # examples/nixl/toy_proxy_server.py:86-118) and vllm-ascend's load-balance proxy
@@ -69,12 +70,7 @@ def _parse(build, argv: list[str]) -> tuple[Any, list[str], str]:
 
 
 def _vllm_parser():
-    from vllm.entrypoints.cli.serve import ServeSubcommand
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    top = FlexibleArgumentParser()
-    sub = ServeSubcommand().subparser_init(top.add_subparsers(dest="subparser"))
-    return top, sub
+    return vllm_parsers()
 
 
 def _overrides(stored: list[str]) -> list[str]:
@@ -127,10 +123,7 @@ def judge_serve(argv: list[str], env: dict[str, str], device: str) -> list[str]:
 
 
 def _router_parser():
-    from vllm_router.router_args import RouterArgs
-
-    parser = argparse.ArgumentParser()
-    RouterArgs.add_cli_args(parser, use_router_prefix=False)
+    parser = router_parser()
     return parser, parser
 
 
