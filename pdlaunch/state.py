@@ -100,11 +100,34 @@ class DeploymentState:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> DeploymentState:
+    def from_json(cls, data: Any) -> DeploymentState:
+        """Raises ValueError naming the first bad field: a record that points at the wrong
+        process is worse than none (it would make `down` signal a stranger, or pid 1)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"expected an object, found {type(data).__name__}")
         data = dict(data)
-        procs = [ProcessState(**p) for p in data.pop("processes", [])]
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in known}, processes=procs)
+        raw = data.pop("processes", [])
+        if not isinstance(raw, list):
+            raise ValueError("processes: expected a list")
+        procs = []
+        pfields = ProcessState.__dataclass_fields__
+        for i, p in enumerate(raw):
+            if not isinstance(p, dict):
+                raise ValueError(f"processes[{i}]: expected an object")
+            for key in ("pid", "start_time"):
+                v = p.get(key)
+                low = 2 if key == "pid" else 0
+                if v is not None and (type(v) is not int or v < low):
+                    raise ValueError(f"processes[{i}].{key} is {v!r}: not a valid {key}")
+            try:
+                procs.append(ProcessState(**{k: v for k, v in p.items() if k in pfields}))
+            except TypeError as exc:
+                raise ValueError(f"processes[{i}]: {exc}") from None
+        known = set(cls.__dataclass_fields__)
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known}, processes=procs)
+        except TypeError as exc:
+            raise ValueError(str(exc)) from None
 
 
 class StateError(Exception):
@@ -118,18 +141,18 @@ def load_state(deployment: str) -> DeploymentState | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        raise StateError(f"cannot read {path}: {exc}") from None
+        raise StateError(f"cannot read the record {path}: {exc}") from None
     try:
         return DeploymentState.from_json(data)
-    except TypeError as exc:
-        raise StateError(f"{path} is not a pdlaunch state file ({exc})") from None
+    except ValueError as exc:
+        raise StateError(f"the record {path} is damaged: {exc}") from None
 
 
 def save_state(state: DeploymentState) -> Path:
     d = deployment_dir(state.deployment)
     state.updated_at = time.time()
     try:
-        d.mkdir(parents=True, exist_ok=True)
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".state.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(state.to_json(), f, indent=2, sort_keys=True)
@@ -165,8 +188,8 @@ class DeploymentLock:
 
     def acquire(self) -> DeploymentLock:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             raise StateError(f"cannot create lock {self.path}: {exc}") from None
         try:

@@ -578,15 +578,10 @@ class _Pool:
     def __init__(self, opts: CheckOptions, pool: Any = None):
         self._own = pool is None
         if pool is None:
-            from pdlaunch.launch import HostPool
+            from pdlaunch.hosts import ConnectOptions, HostPool
 
-            kw: dict[str, Any] = {}
-            if opts.ssh_config:
-                kw["ssh_config"] = opts.ssh_config
             pool = HostPool(
-                accept_new_host_keys=opts.accept_new_host_keys,
-                known_hosts=opts.known_hosts,
-                **kw,
+                ConnectOptions(opts.accept_new_host_keys, opts.known_hosts, opts.ssh_config)
             )
         self.pool = pool
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
+from pdlaunch.addresses import LOCAL_ADDRESSES, is_local_control_host
+
 from .base import (
     CommandError,
     CommandResult,
@@ -32,6 +34,8 @@ from .base import (
     sh_quote_path,
 )
 from .local import LocalHost
+from .options import ConnectOptions
+from .pool import HostPool, parallel, ssh_settings
 from .ssh import SshHost, SshSettings, fingerprint
 
 __all__ = [
@@ -39,12 +43,14 @@ __all__ = [
     "CommandError",
     "CommandResult",
     "CommandTimeout",
+    "ConnectOptions",
     "Content",
     "Host",
     "HostAuthError",
     "HostConnectionError",
     "HostError",
     "HostKeyError",
+    "HostPool",
     "LocalHost",
     "LogFollower",
     "SshHost",
@@ -52,15 +58,13 @@ __all__ = [
     "fingerprint",
     "is_local_address",
     "open_host",
+    "parallel",
     "sh_quote_path",
+    "ssh_settings",
 ]
 
-LOCAL_ADDRESSES = frozenset({"127.0.0.1", "localhost", "::1"})
-
-
-def is_local_address(address: str) -> bool:
-    """True for the addresses that mean "this machine" (served by LocalHost, no SSH)."""
-    return address.strip().strip("[]").lower() in LOCAL_ADDRESSES
+# One notion of "needs no SSH" for the hosts layer and the plan (pdlaunch/addresses.py).
+is_local_address = is_local_control_host
 
 
 def open_host(

@@ -84,6 +84,10 @@ class CommandTimeout(HostError):
     """A command ran past its timeout (and was killed)."""
 
 
+class UnsafePathError(HostError):
+    """A directory pdlaunch would write into could be changed by someone else."""
+
+
 # -- shell helpers -------------------------------------------------------------------------------
 def sh_quote_path(path: str) -> str:
     """Quote ``path`` for sh, expanding a leading ``~`` / ``~/`` to the target's ``$HOME``."""
@@ -124,7 +128,8 @@ mkdir -p -- "$(dirname -- "$pidf")" "$(dirname -- "$logf")" || exit 97
 rm -f -- "$pidf"
 {cd}
 command -v setsid >/dev/null 2>&1 || {{ echo "setsid not found (util-linux)" >&2; exit 97; }}
-setsid -f sh -c 'echo $$ > "$1.tmp" && mv -f -- "$1.tmp" "$1" && exec sh -c "$2"' \
+rm -f -- "$pidf.tmp"
+setsid -f sh -c 'set -C; echo $$ > "$1.tmp" && mv -f -- "$1.tmp" "$1" && exec sh -c "$2"' \
     pdlaunch-detached "$pidf" {command} </dev/null >>"$logf" 2>&1 || exit 97
 i=0
 while [ ! -s "$pidf" ]; do
@@ -163,6 +168,62 @@ while alive; do
     sleep 0.05
 done
 echo kill
+"""
+
+
+# A pid file alone is not proof: the pid may have been reused. A process start_detached started
+# has its log open as stdout (an `up` that rotated the log renamed it to .prev).
+_FIND_FUNC = r"""
+_find() {  # $1=key $2=pid file $3=log file $4=pid ("" to read the pid file)
+    _k=$1; _lf=$3; _p=$4
+    if [ -z "$_p" ]; then
+        [ -f "$2" ] || return 0
+        read -r _p < "$2" 2>/dev/null || return 0
+    fi
+    case $_p in ''|*[!0-9]*) return 0;; esac
+    [ "$_p" -gt 1 ] || return 0
+    { [ "/proc/$_p/fd/1" -ef "$_lf" ] || [ "/proc/$_p/fd/1" -ef "$_lf.prev" ]; } || return 0
+    _s=$(_stat "$_p") || return 0
+    set -- $_s
+    case $1 in Z|X|x) return 0;; esac
+    echo "$_k $_p ${20}"
+}
+"""
+
+# Checks a directory pdlaunch writes into: ours, not a link, not writable by anyone else; and
+# every ancestor owned by root or us, and sticky where others may write (OpenSSH's StrictModes
+# rule), so nobody else can swap the directory, a script or a secret file under our feet.
+_PRIVATE_DIR_FUNC = r"""
+_private_dir() {  # $1=dir; creates it (0700) when missing
+    _me=$(id -u)
+    _d=$1
+    case $_d in /*) ;; *) _d=$PWD/$_d;; esac
+    if [ -L "$_d" ]; then echo "$_d is a symbolic link" >&2; return 1; fi
+    if [ ! -d "$_d" ]; then
+        (umask 077 && mkdir -p -- "$_d") || return 1
+    fi
+    set -- $(stat -c '%u %a %U' -- "$_d") || return 1
+    if [ "$1" != "$_me" ]; then
+        echo "$_d is owned by $3 (uid $1), not by $(id -un) (uid $_me)" >&2; return 1; fi
+    case $2 in *[2367]?|*[2367]) echo "$_d is writable by others (mode $2)" >&2; return 1;; esac
+    _a=$(dirname -- "$_d")
+    while :; do
+        set -- $(stat -L -c '%u %a %U' -- "$_a") || return 1
+        if [ "$1" != 0 ] && [ "$1" != "$_me" ]; then
+            echo "$_a (a parent of $_d) is owned by $3 (uid $1): it could swap $_d" >&2
+            return 1
+        fi
+        case $2 in
+            [1357]???) ;;  # sticky: others cannot rename what is ours
+            *[2367]?|*[2367])
+                echo "$_a (a parent of $_d) is writable by others (mode $2), not sticky" >&2
+                return 1;;
+        esac
+        [ "$_a" = / ] && break
+        _a=$(dirname -- "$_a")
+    done
+    return 0
+}
 """
 
 
@@ -239,12 +300,15 @@ class Host(ABC):
             )
         return res
 
-    def put(self, source: Content, remote_path: str, mode: int = 0o644) -> None:
+    def put(
+        self, source: Content, remote_path: str, mode: int = 0o644, *, timeout: float = 300.0
+    ) -> None:
         """Write a file on the host atomically (temp file + rename), creating parent dirs.
 
         ``source``: ``bytes``/``str`` content, or a path-like naming a local file. The file is
         created ``0600`` and only then ``chmod``-ed to ``mode``, so a secret uploaded with
-        ``mode=0o600`` is never readable by others, whatever the umask.
+        ``mode=0o600`` is never readable by others, whatever the umask. ``timeout`` bounds the
+        whole upload (a host that accepted the login and then hangs must not hang us).
         """
         data = _content_bytes(source)
         q = sh_quote_path(remote_path)
@@ -256,7 +320,7 @@ t=$(umask 077 && mktemp "$d/.pdlaunch-put.XXXXXX") || exit 1
 if cat > "$t" && chmod {mode:o} "$t" && mv -f -- "$t" "$p"; then exit 0; fi
 rm -f -- "$t"; exit 1
 """
-        res = self._exec(script, stdin=data, timeout=None)
+        res = self._exec(script, stdin=data, timeout=timeout)
         if res.rc != 0:
             raise HostError(
                 f"{self.name}: cannot write {remote_path}: {res.stderr.strip() or 'failed'}",
@@ -271,6 +335,7 @@ rm -f -- "$t"; exit 1
         pid_file: str,
         log_file: str,
         cwd: str | None = None,
+        timeout: float = 60.0,
     ) -> int:
         """Start a long-running process that outlives this call (and the SSH connection).
 
@@ -290,7 +355,7 @@ rm -f -- "$t"; exit 1
             cd=cd,
             command=shlex.quote(cmd),
         )
-        res = self._exec(script, timeout=60)
+        res = self._exec_start(script, timeout=timeout)
         out = res.stdout.strip()
         if res.rc != 0 or not out.isdigit():
             raise HostError(
@@ -301,6 +366,54 @@ rm -f -- "$t"; exit 1
         pid = int(out)
         log.debug("%s: started pid %d: %s", self.name, pid, cmd[:200])
         return pid
+
+    def _exec_start(self, script: str, timeout: float) -> CommandResult:
+        """Run the start script. The environment the started process inherits is the login's
+        (over SSH, sshd's); LocalHost overrides this to give it a login-like one too."""
+        return self._exec(script, timeout=timeout)
+
+    def private_dirs(self, dirs: Sequence[str], timeout: float = 60.0) -> None:
+        """Create each directory (mode 0700) unless it exists, then refuse (HostError naming
+        the path and its owner) one that is a link, not ours, writable by others, or under a
+        parent someone else could rename it in."""
+        if not dirs:
+            return
+        script = _PRIVATE_DIR_FUNC + "\n".join(
+            f"_private_dir {sh_quote_path(d)} || exit 3" for d in dirs
+        )
+        res = self._exec(script, timeout=timeout)
+        if res.rc != 0:
+            why = res.stderr.strip() or res.stdout.strip() or f"rc={res.rc}"
+            raise UnsafePathError(f"{self.name}: unsafe work directory: {why}", host=self.name)
+
+    def find_started(
+        self, entries: Sequence[tuple[str, str, int | None]], timeout: float = 60.0
+    ) -> dict[int, tuple[int, int]]:
+        """Which of the processes :meth:`start_detached` started still run, in one command.
+
+        ``entries``: ``(pid_file, log_file, pid)``, with ``pid`` None to read the pid file. A
+        process counts only while it has ``log_file`` (or its ``.prev``) open as stdout, so a
+        reused pid is never taken for ours. Returns ``{index: (pid, start_time)}``.
+        """
+        if not entries:
+            return {}
+        calls = "\n".join(
+            f"_find {i} {sh_quote_path(pidf)} {sh_quote_path(logf)} "
+            + ("''" if pid is None else str(_check_pid(pid)))
+            for i, (pidf, logf, pid) in enumerate(entries)
+        )
+        res = self._exec(_SH_FUNCS + _FIND_FUNC + calls + "\ntrue", timeout=timeout)
+        if res.rc != 0:
+            raise HostError(
+                f"{self.name}: cannot look for running processes: {res.stderr.strip()}",
+                host=self.name,
+            )
+        found: dict[int, tuple[int, int]] = {}
+        for line in res.stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 3 and all(x.isdigit() for x in parts):
+                found[int(parts[0])] = (int(parts[1]), int(parts[2]))
+        return found
 
     def stop(self, pid: int, *, grace: float = 10.0, start_time: int | None = None) -> bool:
         """Stop the process group led by ``pid``: SIGTERM, wait up to ``grace`` s, SIGKILL.
@@ -423,25 +536,35 @@ class LogFollower(Iterator[str]):
         self._stream = stream
         self._stop = stop
         self._poll = poll_interval
-        self._buf = buffered
+        self._buf = bytearray(buffered)
+        self._scanned = 0  # bytes of _buf already known to hold no newline
         self._closed = False
 
     def __next__(self) -> str:
+        # A bytearray and a scan offset: a 50 MB line arrives in thousands of chunks, and
+        # re-scanning or re-copying the whole buffer per chunk made that quadratic.
         stream = self._stream
+        buf = self._buf
         while not self._closed:
-            if b"\n" in self._buf:
-                line, self._buf = self._buf.split(b"\n", 1)
+            nl = buf.find(b"\n", self._scanned)
+            if nl >= 0:
+                line = bytes(buf[:nl])
+                del buf[: nl + 1]
+                self._scanned = 0
                 return line.decode("utf-8", errors="replace")
+            self._scanned = len(buf)
             if self._stop is not None and self._stop.is_set():
                 break
             chunk = stream.read(self._poll)
             if chunk is None:  # tail ended (file gone for good, host closed, ...)
-                rest, self._buf = self._buf, b""
+                rest = bytes(buf)
+                buf.clear()
+                self._scanned = 0
                 self.close()
                 if rest:
                     return rest.decode("utf-8", errors="replace")
                 break
-            self._buf += chunk
+            buf += chunk
         self.close()
         raise StopIteration
 

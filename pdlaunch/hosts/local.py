@@ -23,6 +23,18 @@ from .base import (
 
 SHELL = "/bin/sh"
 
+# What a login gives a process (sshd passes about these): a process started here must not
+# inherit pdlaunch's own environment (a secret exported for other engines, tokens, ...), so
+# that a local host behaves like a remote one. PATH stays: it is how the user found `vllm`.
+LOGIN_ENV = ("HOME", "USER", "LOGNAME", "SHELL", "PATH", "LANG", "LC_ALL", "TZ", "TMPDIR")
+
+
+def login_env() -> dict[str, str]:
+    env = {k: os.environ[k] for k in LOGIN_ENV if k in os.environ}
+    env.setdefault("HOME", _home())
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    return env
+
 
 def _home() -> str:
     return os.path.expanduser("~")
@@ -43,8 +55,16 @@ class LocalHost(Host):
     def __init__(self, name: str = "localhost"):
         super().__init__(name)
 
+    def _exec_start(self, script: str, timeout: float) -> CommandResult:
+        return self._exec(script, timeout=timeout, env=login_env())
+
     def _exec(
-        self, command: str, *, stdin: bytes | None = None, timeout: float | None = None
+        self,
+        command: str,
+        *,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+        env: dict[str, str] | None = None,
     ) -> CommandResult:
         try:
             proc = subprocess.Popen(
@@ -53,6 +73,7 @@ class LocalHost(Host):
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 cwd=_cwd(),
+                env=env,
                 start_new_session=True,  # so a timeout can kill the whole tree
             )
         except OSError as e:
@@ -91,7 +112,9 @@ class LocalHost(Host):
         return _LocalStream(proc)
 
     # native fast paths ---------------------------------------------------------------------------
-    def put(self, source: Content, remote_path: str, mode: int = 0o644) -> None:
+    def put(
+        self, source: Content, remote_path: str, mode: int = 0o644, *, timeout: float = 300.0
+    ) -> None:
         data = _content_bytes(source)
         path = os.path.join(_home(), os.path.expanduser(os.fspath(remote_path)))
         parent = os.path.dirname(path) or "."

@@ -195,9 +195,15 @@ def test_killed_process_shows_dead_in_status(make_deployment):
     assert rows["prefill-0"]["alive"] is True and rows["router"]["alive"] is True
     res = cli("status", dep.path)
     assert res.exit_code == 1 and "no" in res.output
-    # up refuses to paper over it; down cleans up the rest
+    # up adopts the processes still running and starts decode again; here the canary fails
+    # (the router bypasses decode), so it stops the decode it started and keeps the others
     res = cli("up", dep.path)
-    assert res.exit_code == 1 and "not running: decode-0" in res.output
+    assert res.exit_code == 1, res.output
+    assert "still running, as before this `up` (recorded): prefill-0, router" in res.output
+    st = load_state("killed")
+    assert st.process("decode-0").pid is None
+    alive = procs_under(dep.work_root)
+    assert st.process("prefill-0").pid in alive and st.process("router").pid in alive
     assert cli("down", dep.path).exit_code == 0
     assert wait_no_procs(dep.work_root) == []
 

@@ -1,0 +1,109 @@
+"""`status` and `logs`: read a recorded deployment without changing it."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from pdlaunch import health
+from pdlaunch.hosts import ConnectOptions, HostPool, parallel
+from pdlaunch.state import DeploymentState, ProcessState, StateError, load_state
+
+from .model import LaunchError, connect_options
+from .records import proc_host, survey
+
+
+def _load(deployment: str) -> DeploymentState | None:
+    try:
+        return load_state(deployment)
+    except StateError as exc:
+        raise LaunchError(
+            f"{exc}. Run `pdlaunch down FILE` with the topology file to stop its processes "
+            "(it finds them by their pid files)."
+        ) from None
+
+
+def status(
+    deployment: str,
+    *,
+    connect: ConnectOptions | None = None,
+    accept_new_host_keys: bool = False,
+    known_hosts: str | None = None,
+    ssh_config: str | None = None,
+) -> tuple[DeploymentState | None, list[dict[str, Any]]]:
+    state = _load(deployment)
+    if state is None:
+        return None, []
+    connect = connect_options(connect, accept_new_host_keys, known_hosts, ssh_config)
+    now = time.time()
+    with HostPool(connect.or_recorded(state.known_hosts, state.ssh_config)) as pool:
+        seen = copy.deepcopy(state)  # the survey fills in pids; the record is not rewritten
+        found = survey(seen, pool)
+        by_name = {p.name: p for p in seen.processes}
+
+        def one(ps: ProcessState) -> dict[str, Any]:
+            now_ps = by_name[ps.name]
+            row: dict[str, Any] = {
+                "process": ps.name,
+                "role": ps.role,
+                "host": ps.host,
+                "pid": now_ps.pid if now_ps.pid is not None else ps.pid,
+                "alive": None,
+                "health": None,
+                "uptime_s": None,
+                "log": ps.log_path,
+                "health_url": ps.health_url,
+                "error": found.unknown.get(ps.name),
+            }
+            if row["error"] is None:
+                row["alive"] = ps.name in found.alive
+            if ps.pid is None and ps.name not in found.alive:
+                row["alive"] = False if row["error"] is None else None
+                row["health"] = "not started"
+                return row
+            if row["alive"] and ps.started_at:
+                row["uptime_s"] = round(now - ps.started_at, 1)
+            if ps.health_url:
+                row["health"] = health.probe(ps.health_url, timeout=5.0).describe()
+            else:
+                row["health"] = "headless"
+            return row
+
+        rows = parallel(one, state.processes)
+    return state, rows
+
+
+def logs(
+    deployment: str,
+    name: str,
+    *,
+    lines: int = 50,
+    follow: bool = False,
+    connect: ConnectOptions | None = None,
+    accept_new_host_keys: bool = False,
+    known_hosts: str | None = None,
+    ssh_config: str | None = None,
+    stop: threading.Event | None = None,
+) -> Iterator[str]:
+    """The last ``lines`` of a process's log, then (``follow``) each new line."""
+    state = _load(deployment)
+    if state is None:
+        raise LaunchError(f"{deployment}: nothing recorded (was it started with `pdlaunch up`?)")
+    ps = state.process(name)
+    if ps is None:
+        names = ", ".join(p.name for p in state.processes)
+        raise LaunchError(f"{deployment} has no process {name!r} (processes: {names})")
+    connect = connect_options(connect, accept_new_host_keys, known_hosts, ssh_config)
+    pool = HostPool(connect.or_recorded(state.known_hosts, state.ssh_config))
+    try:
+        host = proc_host(pool, ps)
+        if follow:
+            yield from host.follow_log(ps.log_path, lines=lines, stop=stop)
+        else:
+            text = host.read_log(ps.log_path, lines)
+            yield from text.splitlines()
+    finally:
+        pool.close()

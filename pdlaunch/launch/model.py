@@ -1,0 +1,129 @@
+"""What launch reports: errors naming processes, the live view, options and results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pdlaunch import health
+from pdlaunch.hosts import ConnectOptions
+
+#: the order a deployment is stopped in (and the reverse of how it starts)
+STOP_ORDER = ("router", "decode", "prefill")
+
+
+class LaunchError(Exception):
+    """A failed operation; ``str()`` is the user-facing message. ``failures`` name processes
+    (or hosts) with the last lines of their logs."""
+
+    def __init__(self, message: str, failures: list[Failure] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.failures = failures or []
+        # None: nothing had been started; True: everything started was stopped again;
+        # False: some processes could not be stopped (they stay recorded for `down`).
+        self.rolled_back: bool | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class Interrupted(LaunchError):
+    """`up` was stopped by a signal (SIGINT, SIGTERM, SIGHUP) and rolled back what it could."""
+
+    def __init__(self, signal_name: str, message: str = ""):
+        super().__init__(message or f"interrupted by {signal_name}")
+        self.signal_name = signal_name
+
+
+@dataclass
+class Failure:
+    name: str
+    host: str
+    reason: str
+    log_path: str | None = None
+    log_tail: str = ""
+
+
+@dataclass
+class View:
+    """One row of the live view."""
+
+    name: str
+    role: str
+    host: str
+    state: str = "pending"  # pending | starting | healthy | running | failed | stopped
+    pid: int | None = None
+    detail: str = ""
+
+
+class Reporter:
+    """What `up`/`down` tell the user while they run; the CLI renders it (rich). No-op here."""
+
+    def step(self, message: str) -> None:
+        pass
+
+    def views(self, views: list[View]) -> None:
+        pass
+
+    def update(self) -> None:
+        pass
+
+    def warn(self, message: str) -> None:
+        pass
+
+
+@dataclass
+class UpOptions:
+    timeout: float = 600.0
+    canary: bool = True
+    replace: bool = False
+    connect: ConnectOptions = field(default_factory=ConnectOptions)
+    stop_grace: float = 10.0
+    topology_path: str = ""
+    poll_interval: float = 0.2
+    canary_timeout: float = 300.0  # a PD request can stall for minutes on a loaded host
+    # Compatibility with callers that still pass the SSH trio one by one.
+    accept_new_host_keys: bool = False
+    known_hosts: str | None = None
+    ssh_config: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.accept_new_host_keys or self.known_hosts or self.ssh_config:
+            self.connect = ConnectOptions(
+                self.accept_new_host_keys or self.connect.accept_new_host_keys,
+                self.known_hosts or self.connect.known_hosts,
+                self.ssh_config or self.connect.ssh_config,
+            )
+
+
+@dataclass
+class UpResult:
+    changed: bool
+    message: str
+    endpoint: str
+    endpoints: list[tuple[str, str]] = field(default_factory=list)
+    canary: health.CanaryResult | None = None
+    elapsed_s: float = 0.0
+    healthy_s: float = 0.0  # until every engine and the router were healthy
+    adopted: list[str] = field(default_factory=list)  # already running, kept
+
+
+@dataclass
+class DownResult:
+    stopped: list[str]
+    message: str
+
+
+def connect_options(
+    connect: ConnectOptions | None,
+    accept_new_host_keys: bool = False,
+    known_hosts: str | None = None,
+    ssh_config: str | None = None,
+) -> ConnectOptions:
+    """One ConnectOptions from either form callers use."""
+    base = connect or ConnectOptions()
+    return ConnectOptions(
+        accept_new_host_keys or base.accept_new_host_keys,
+        known_hosts or base.known_hosts,
+        ssh_config or base.ssh_config,
+    )

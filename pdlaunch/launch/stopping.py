@@ -1,0 +1,58 @@
+"""Stopping recorded processes: router, then decode, then prefill, each role in parallel."""
+
+from __future__ import annotations
+
+import threading
+
+from pdlaunch.hosts import HostError, HostPool, parallel, sh_quote_path
+from pdlaunch.state import DeploymentState, ProcessState
+
+from .model import STOP_ORDER, Reporter, View
+from .records import proc_host
+
+
+def stop_processes(
+    state: DeploymentState,
+    pool: HostPool,
+    reporter: Reporter,
+    views: dict[str, View] | None = None,
+    *,
+    grace: float = 10.0,
+    extra: list[ProcessState] | None = None,
+    only: set[str] | None = None,
+) -> list[str]:
+    """Stop ``state``'s processes (and ``extra`` ones: second copies a survey found), remove
+    their secret env files, and clear each pid once its process is proven gone. ``only``:
+    names to stop (default: all). Returns one message per process that could not be stopped
+    (its pid stays recorded)."""
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def one(ps: ProcessState) -> None:
+        view = views.get(ps.name) if views and ps.pid is not None else None
+        failed = view is not None and view.state == "failed"
+        try:
+            host = proc_host(pool, ps)
+            if ps.pid is not None:
+                if view and not failed:
+                    view.state = "stopping"
+                    reporter.update()
+                host.stop(ps.pid, grace=grace, start_time=ps.start_time)
+            host.run(f"rm -f -- {sh_quote_path(ps.secrets_path)}", timeout=60)
+            with lock:
+                ps.pid = None
+                ps.start_time = None
+            if view and not failed:
+                view.state, view.detail = "stopped", ""
+                reporter.update()
+        except HostError as exc:
+            with lock:
+                errors.append(f"{ps.name} on {ps.host}: {exc}")
+
+    mine = [p for p in state.processes if only is None or p.name in only]
+    everything = mine + list(extra or [])
+    for role in STOP_ORDER:
+        procs = [p for p in everything if p.role == role]
+        if procs:
+            parallel(one, procs)
+    return errors

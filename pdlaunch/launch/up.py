@@ -1,0 +1,679 @@
+"""`up`: reconcile with what already runs, then start the deployment, or roll back.
+
+render -> survey what the record (or the pid files) says runs -> adopt / refuse / replace ->
+connect every host (parallel) -> private work dirs, scripts, secret env files (parallel) ->
+start prefill and decode everywhere (parallel) -> wait for health -> router -> canary ->
+record. A pid is in the state file before the start of the next process; any failure, or
+SIGINT/SIGTERM/SIGHUP, stops everything this run holds, router first, then decode, then
+prefill, and a second signal during that says truthfully what still runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+from pdlaunch import health
+from pdlaunch.hosts import HostError, HostPool, parallel, sh_quote_path
+from pdlaunch.hosts.pool import MAX_WORKERS, HostKey
+from pdlaunch.plan import Plan, Process
+from pdlaunch.render import RenderedFile, render_plan
+from pdlaunch.state import (
+    DeploymentLock,
+    DeploymentState,
+    StateError,
+    file_hashes,
+    load_state,
+    remove_state,
+    save_state,
+    scripts_hash,
+)
+
+from . import readiness
+from .model import Failure, Interrupted, LaunchError, Reporter, UpOptions, UpResult, View
+from .records import (
+    describe_changes,
+    endpoints,
+    log_tail,
+    missing_secrets,
+    proc_host,
+    proc_key,
+    process_state,
+    secrets_file,
+    survey,
+    unknown_message,
+    unrecorded_state,
+)
+from .stopping import stop_processes
+
+ALIVE_EVERY = 1.0  # s between liveness checks (one command on the host) while not healthy
+COMMAND_TIMEOUT = 60.0  # upper bound of one host command during `up`, within --timeout
+
+
+# -- signals --------------------------------------------------------------------------------------
+class _Signal(BaseException):
+    """SIGTERM/SIGHUP turned into an exception, like SIGINT's KeyboardInterrupt."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+def _signal_name(exc: BaseException) -> str:
+    return exc.name if isinstance(exc, _Signal) else "SIGINT"
+
+
+@contextlib.contextmanager
+def _signals_roll_back() -> Iterator[None]:
+    """SIGTERM and SIGHUP interrupt `up` the way Ctrl-C does (so they roll back too). Only
+    the main thread can install handlers; elsewhere (a library caller's thread) this is a
+    no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_(signum: int, frame: object) -> None:
+        raise _Signal(signal.Signals(signum).name)
+
+    saved = {s: signal.signal(s, raise_) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    """While the last words are written (state, message): a third signal must not lose them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    saved = {s: signal.signal(s, signal.SIG_IGN) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+
+
+# -- the deployment under way ---------------------------------------------------------------------
+class _Run:
+    """One `up`: what it holds (for rollback) and the live view."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        state: DeploymentState,
+        pool: HostPool,
+        reporter: Reporter,
+        *,
+        grace: float,
+        deadline: float,
+        adopted: frozenset[str] = frozenset(),
+    ):
+        self.plan = plan
+        self.state = state
+        self.pool = pool
+        self.reporter = reporter
+        self.grace = grace
+        self.deadline = deadline
+        self.adopted = adopted
+        self.uploaded = False
+        self.lock = threading.Lock()
+        self.views = {p.name: View(p.name, p.role, p.host) for p in plan.processes}
+        for name in adopted:
+            ps = state.process(name)
+            self.views[name].state, self.views[name].pid = "starting", ps.pid if ps else None
+            self.views[name].detail = "already running (adopted)"
+        reporter.views(list(self.views.values()))
+
+    def set(self, name: str, state: str, detail: str = "", pid: int | None = None) -> None:
+        v = self.views[name]
+        v.state, v.detail = state, detail
+        if pid is not None:
+            v.pid = pid
+        self.reporter.update()
+
+    def save(self) -> None:
+        with self.lock:
+            save_state(self.state)
+
+    def command_timeout(self) -> float:
+        """What is left of --timeout for one host command (at least 1 s, at most 60 s)."""
+        return max(1.0, min(COMMAND_TIMEOUT, self.deadline - time.monotonic()))
+
+    # steps ----------------------------------------------------------------------------------
+    def prepare(self, files: dict[str, RenderedFile]) -> None:
+        """Per host in parallel: private work dirs (0700, owner checked), then the scripts
+        (0755) and secret env files (0600) of the processes to start."""
+        by_host: dict[HostKey, list[Process]] = {}
+        for p in self.plan.processes:
+            by_host.setdefault(proc_key(p), []).append(p)
+
+        def one(procs: list[Process]) -> None:
+            host = proc_host(self.pool, procs[0])
+            dirs = sorted(
+                {d for p in procs for d in (p.work_dir, _dirname(p.log_path), _dirname(p.pid_path))}
+            )
+            host.private_dirs(dirs, timeout=self.command_timeout())
+            fresh = [p for p in procs if p.name not in self.adopted]
+            rotate = "; ".join(
+                f"if [ -f {sh_quote_path(p.log_path)} ]; then mv -f -- "
+                f"{sh_quote_path(p.log_path)} {sh_quote_path(p.log_path + '.prev')}; fi"
+                for p in fresh
+            )
+            if rotate:
+                host.run(rotate, timeout=self.command_timeout(), check=True)
+            for p in fresh:
+                host.put(
+                    files[f"{p.name}.sh"].content,
+                    p.script_path,
+                    mode=0o755,
+                    timeout=self.command_timeout(),
+                )
+                if p.secret_env:
+                    host.put(
+                        secrets_file(p), p.secrets_path, mode=0o600, timeout=self.command_timeout()
+                    )
+
+        parallel(one, by_host.values())
+
+    def start(self, procs: list[Process]) -> None:
+        procs = [p for p in procs if p.name not in self.adopted]
+
+        def one(p: Process) -> None:
+            host = proc_host(self.pool, p)
+            self.set(p.name, "starting", "launching")
+            pid = host.start_detached(
+                _guarded_exec(p.script_path),  # the pid is the engine's own
+                pid_file=p.pid_path,
+                log_file=p.log_path,
+                cwd=p.work_dir,
+                timeout=self.command_timeout(),
+            )
+            start_time = None
+            with contextlib.suppress(HostError):
+                start_time = host.process_start_time(pid)
+            ps = self.state.process(p.name)
+            assert ps is not None
+            with self.lock:
+                ps.pid, ps.start_time, ps.started_at = pid, start_time, time.time()
+            # On disk before anything else starts: a kill -9 of pdlaunch right now must still
+            # leave `down` a record (and the pid file on the host covers the gap before this).
+            self.save()
+            self.set(p.name, "starting", "waiting for health" if p.health_url else "", pid=pid)
+
+        errors: list[tuple[Process, BaseException]] = []
+
+        def guarded(p: Process) -> None:
+            try:
+                one(p)
+            except HostError as exc:
+                self.set(p.name, "failed", str(exc))
+                errors.append((p, exc))
+
+        parallel(guarded, procs)
+        if errors:
+            p, exc = errors[0]
+            host = proc_host(self.pool, p)
+            raise LaunchError(
+                f"{p.name} on {p.host} could not be started: {exc}",
+                [Failure(p.name, p.host, str(exc), p.log_path, log_tail(host, p.log_path))],
+            )
+
+    def wait_healthy(self, procs: list[Process], interval: float) -> None:
+        """Until every process answers 200 on /health (headless ones: alive), any exits, or
+        the deadline passes. Fails fast on the first failure."""
+        abort = threading.Event()
+        failures: list[Failure] = []
+
+        def watch(p: Process) -> None:
+            host = proc_host(self.pool, p)
+            ps = self.state.process(p.name)
+            assert ps is not None and ps.pid is not None
+            pid, start_time = ps.pid, ps.start_time
+
+            def probe(timeout: float) -> tuple[bool, str]:
+                pr = health.probe(p.health_url, timeout=timeout)
+                return pr.ok, pr.describe()
+
+            try:
+                out = readiness.wait_until(
+                    probe if p.health_url else None,
+                    lambda: host.is_alive(pid, start_time),
+                    deadline=self.deadline,
+                    interval=interval,
+                    alive_every=ALIVE_EVERY,
+                    sleep=abort.wait,
+                    aborted=abort.is_set,
+                    on_wait=lambda detail: self.set(p.name, "starting", detail),
+                )
+            except HostError as exc:
+                failures.append(Failure(p.name, p.host, f"cannot check process: {exc}"))
+                self.set(p.name, "failed", str(exc))
+                abort.set()
+                return
+            if out.status == readiness.READY:
+                if p.health_url:
+                    self.set(p.name, "healthy", p.health_url)
+                else:
+                    self.set(p.name, "running", out.detail)
+                return
+            if out.status == readiness.ABORTED:
+                return
+            if out.status == readiness.EXITED:
+                reason = "exited during start"
+                self.set(p.name, "failed", reason)
+            else:
+                reason = f"not healthy before the deadline ({out.detail} at {p.health_url})"
+                self.set(p.name, "failed", "health deadline passed")
+            failures.append(
+                Failure(p.name, p.host, reason, p.log_path, log_tail(host, p.log_path))
+            )
+            abort.set()
+
+        # Own executor (not parallel()): on Ctrl-C the watchers must stop at once, not at the
+        # deadline, so `abort` is set before waiting for them.
+        executor = ThreadPoolExecutor(max_workers=min(MAX_WORKERS, max(1, len(procs))))
+        try:
+            for f in [executor.submit(watch, p) for p in procs]:
+                f.result()
+        finally:
+            abort.set()
+            executor.shutdown(wait=True)
+        if failures:
+            first = failures[0]
+            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+            raise LaunchError(f"{first.name} on {first.host}: {first.reason}{more}", failures)
+
+    def started_here(self) -> set[str]:
+        """What this run may have started: everything but the processes it adopted (those ran
+        before it and keep running, recorded, whatever happens to this run)."""
+        return {p.name for p in self.plan.processes} - self.adopted
+
+    def rollback(self) -> list[str]:
+        """Stop what this run started (router, decode, prefill); returns errors."""
+        return stop_processes(
+            self.state,
+            self.pool,
+            self.reporter,
+            self.views,
+            grace=self.grace,
+            only=self.started_here(),
+        )
+
+
+def _dirname(path: str) -> str:
+    return path.rsplit("/", 1)[0] if "/" in path else "."
+
+
+def _guarded_exec(script: str) -> str:
+    """Exec the script only if it is still ours and nobody else could have changed it since
+    the upload (the work dir is checked too, but a script is what runs with our rights)."""
+    q = sh_quote_path(script)
+    return (
+        f"s={q}; "
+        'if [ -L "$s" ] || [ "$(stat -c %u -- "$s")" != "$(id -u)" ]; then '
+        'echo "pdlaunch: refusing to run $s: not a file owned by $(id -un)" >&2; exit 96; fi; '
+        'case $(stat -c %a -- "$s") in *[2367]?|*[2367]) '
+        'echo "pdlaunch: refusing to run $s: writable by others" >&2; exit 96;; esac; '
+        'exec "$s"'
+    )
+
+
+# -- up -------------------------------------------------------------------------------------------
+def up(plan: Plan, opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
+    """Start the deployment (see the module docstring). Raises LaunchError/StateError."""
+    reporter = reporter or Reporter()
+    t0 = time.monotonic()
+    files = render_plan(plan)
+    by_name = {f.name: f for f in files}
+    digest = scripts_hash(files)
+    eps = endpoints(plan)
+    with DeploymentLock(plan.deployment, "up"), _signals_roll_back():
+        old = load_state(plan.deployment)
+        connect = opts.connect
+        if old is not None:
+            connect = connect.or_recorded(old.known_hosts, old.ssh_config)
+        pool = HostPool(connect)
+        try:
+            missing = missing_secrets(plan)
+            if missing:
+                lines = [f"{var} (for {', '.join(procs)})" for var, procs in missing.items()]
+                raise LaunchError(
+                    "secret(s) not set in this shell: "
+                    + "; ".join(lines)
+                    + ". Export them before `pdlaunch up`; nothing was started."
+                )
+            try:
+                decided = _reconcile(plan, old, files, digest, opts, pool, reporter)
+            except (KeyboardInterrupt, _Signal) as exc:
+                raise Interrupted(
+                    _signal_name(exc),
+                    f"interrupted by {_signal_name(exc)} while checking what already runs; "
+                    "nothing was started",
+                ) from None
+            if isinstance(decided, UpResult):
+                decided.endpoints = eps
+                return decided
+            state, adopted = decided
+            state.topology = opts.topology_path
+            state.scripts_hash = digest
+            state.endpoint = plan.endpoint()
+            state.served_model_name = plan.served_model_name
+            state.known_hosts = connect.known_hosts
+            state.ssh_config = connect.ssh_config
+            state.file_hashes = file_hashes(files)
+            state.scripts = {f.name: f.content for f in files if f.name.endswith(".sh")}
+            state.status = "starting"
+            run = _Run(
+                plan,
+                state,
+                pool,
+                reporter,
+                grace=opts.stop_grace,
+                deadline=t0 + opts.timeout,
+                adopted=frozenset(adopted),
+            )
+            try:
+                result = _up_steps(run, plan, opts, by_name, t0)
+            except BaseException as exc:
+                raise _rollback(run, exc, reporter) from None
+            result.endpoints = eps
+            result.adopted = sorted(adopted)
+            return result
+        finally:
+            pool.close()
+
+
+def _reconcile(
+    plan: Plan,
+    old: DeploymentState | None,
+    files: list[RenderedFile],
+    digest: str,
+    opts: UpOptions,
+    pool: HostPool,
+    reporter: Reporter,
+) -> UpResult | tuple[DeploymentState, list[str]]:
+    """What already runs decides what `up` does: nothing (already up), adopt the running
+    processes of the same scripts and start the rest, replace, or refuse. Anything that
+    cannot be verified refuses, with the record kept."""
+    by_name = {f.name: f for f in files}
+    reporter.step("checking what already runs")
+    looked_at = old if old is not None else unrecorded_state(plan, status="starting")
+    found = survey(looked_at, pool)
+    if old is not None:
+        save_state(old)  # pids found by their pid files are now recorded
+    if not found.complete and old is None:  # nothing recorded: a plain connection failure
+        errors = sorted(set(found.unknown.values()))
+        raise LaunchError(f"cannot reach {len(errors)} host(s): {'; '.join(errors)}")
+    if not found.complete:
+        raise LaunchError(unknown_message(found, plan.deployment))
+    fresh = DeploymentState(
+        deployment=plan.deployment,
+        topology=opts.topology_path,
+        scripts_hash=digest,
+        endpoint=plan.endpoint(),
+        served_model_name=plan.served_model_name,
+        processes=[process_state(p, by_name[f"{p.name}.sh"]) for p in plan.processes],
+    )
+    if not found.alive and not found.strangers:
+        if old is not None:
+            remove_state(plan.deployment)  # every recorded process is proven gone
+        return fresh, []
+
+    alive = found.alive
+    if old is None:
+        why = (
+            f"{len(alive)} process(es) of {plan.deployment} already run on their hosts "
+            f"({', '.join(alive)}; found by their pid files), but nothing is recorded on this "
+            "control host (started from another one, or the record was lost)"
+        )
+        if not opts.replace:
+            raise LaunchError(
+                f"{why}. Run `pdlaunch down {_file(opts)}` to stop them, or "
+                f"`pdlaunch up {_file(opts)} --replace`."
+            )
+        reporter.step(f"replacing: {why}")
+        _stop_or_keep(looked_at, found.strangers, pool, reporter, opts, save=True)
+        return fresh, []
+
+    same = old.scripts_hash == digest
+    planned = {p.name for p in plan.processes}
+    if same and not opts.replace:
+        if found.strangers:
+            reporter.step(
+                "stopping second copies left by an earlier run: "
+                + ", ".join(f"{s.name} (pid {s.pid})" for s in found.strangers)
+            )
+            copies = DeploymentState(
+                old.deployment, old.topology, old.scripts_hash, old.endpoint,
+                old.served_model_name,
+            )
+            _stop_or_keep(copies, found.strangers, pool, reporter, opts, save=False)
+        if set(alive) >= planned and old.status == "up":
+            return UpResult(
+                changed=False,
+                message=f"{plan.deployment} is already up and unchanged "
+                f"({len(alive)} process(es) running); nothing to do",
+                endpoint=old.endpoint,
+            )
+        reporter.step(
+            f"adopting {len(alive)} running process(es) of the same scripts: {', '.join(alive)}"
+        )
+        for ps in fresh.processes:
+            rec = old.process(ps.name)
+            if rec is not None and ps.name in alive:
+                ps.pid, ps.start_time, ps.started_at = rec.pid, rec.start_time, rec.started_at
+        fresh.created_at = old.created_at
+        save_state(fresh)
+        return fresh, list(alive)
+
+    reasons = ["--replace given"] if same else describe_changes(old, files)
+    if not opts.replace:
+        raise LaunchError(
+            f"{plan.deployment} is already running ({len(alive)} process(es) alive) and "
+            "differs from this topology: "
+            + "; ".join(reasons)
+            + ". Re-run with --replace to stop it and start this topology."
+        )
+    reporter.step("replacing: " + "; ".join(reasons))
+    _stop_or_keep(old, found.strangers, pool, reporter, opts, save=True)
+    remove_state(plan.deployment)
+    return fresh, []
+
+
+def _stop_or_keep(
+    state: DeploymentState,
+    extra: list,
+    pool: HostPool,
+    reporter: Reporter,
+    opts: UpOptions,
+    *,
+    save: bool,
+) -> None:
+    errors = stop_processes(state, pool, reporter, grace=opts.stop_grace, extra=extra)
+    if errors:
+        if save:
+            state.status = "failed"
+            save_state(state)
+        raise LaunchError(
+            "cannot stop the running deployment: "
+            + "; ".join(errors)
+            + f" (its record is kept: run `pdlaunch down {state.deployment}`)"
+        )
+
+
+def _file(opts: UpOptions) -> str:
+    return opts.topology_path or "FILE"
+
+
+def _up_steps(
+    run: _Run,
+    plan: Plan,
+    opts: UpOptions,
+    files: dict[str, RenderedFile],
+    t0: float,
+) -> UpResult:
+    reporter = run.reporter
+    targets = [(p.host, p.local, p.ssh.model_dump()) for p in plan.processes]
+    n_hosts = len(set(map(proc_key, plan.processes)))
+    reporter.step(f"connecting to {n_hosts} host(s)")
+    errors = run.pool.connect_all(targets)
+    if errors:
+        for p in plan.processes:
+            if p.host in errors:
+                run.set(p.name, "failed", "host unreachable")
+        msg = "; ".join(errors.values())
+        raise LaunchError(
+            f"cannot reach {len(errors)} host(s): {msg}",
+            [Failure("(host)", h, e) for h, e in errors.items()],
+        )
+    reporter.step("uploading scripts")
+    run.uploaded = True
+    try:
+        run.prepare(files)
+    except HostError as exc:
+        raise LaunchError(f"preparing the hosts failed: {exc}") from None
+    run.save()
+
+    engines = [p for p in plan.processes if p.role in ("prefill", "decode")]
+    reporter.step(f"starting {len(engines)} prefill/decode process(es)")
+    run.start(engines)
+    reporter.step("waiting for prefill/decode health")
+    run.wait_healthy(engines, opts.poll_interval)
+
+    router = plan.by_role("router")
+    reporter.step("starting the router")
+    run.start(router)
+    run.wait_healthy(router, opts.poll_interval)
+    healthy_s = time.monotonic() - t0
+
+    canary = None
+    if opts.canary:
+        reporter.step("canary request through the router")
+        canary = health.canary(
+            plan.endpoint(),
+            plan.served_model_name,
+            [p.health_url for p in plan.by_role("prefill") if p.health_url],
+            [p.health_url for p in plan.by_role("decode") if p.health_url],
+            timeout=min(opts.canary_timeout, max(5.0, run.deadline - time.monotonic())),
+        )
+        if not canary.ok:
+            r = plan.router
+            host = proc_host(run.pool, r)
+            fails = [
+                Failure("router", r.host, canary.message, r.log_path, log_tail(host, r.log_path))
+            ]
+            for d in plan.by_role("decode")[:1]:
+                fails.append(
+                    Failure(
+                        d.name,
+                        d.host,
+                        "decode log",
+                        d.log_path,
+                        log_tail(proc_host(run.pool, d), d.log_path),
+                    )
+                )
+            raise LaunchError(f"canary failed: {canary.message}", fails)
+
+    run.state.status = "up"
+    run.save()
+    return UpResult(
+        changed=True,
+        message=f"{plan.deployment} is up: {len(plan.processes)} process(es) healthy",
+        endpoint=plan.endpoint(),
+        canary=canary,
+        elapsed_s=time.monotonic() - t0,
+        healthy_s=healthy_s,
+    )
+
+
+def _rollback(run: _Run, exc: BaseException, reporter: Reporter) -> BaseException:
+    """Stop what the run holds; returns the exception to raise (a LaunchError that says
+    truthfully what is left, or ``exc`` itself when it is not ours to describe)."""
+    err: LaunchError
+    if isinstance(exc, LaunchError):
+        err = exc
+    elif isinstance(exc, (KeyboardInterrupt, _Signal)):
+        err = Interrupted(_signal_name(exc))
+    else:  # HostError, StateError, or a bug: roll back all the same
+        err = LaunchError(str(exc))
+    _roll_back_into(run, err, reporter)
+    if not isinstance(exc, (LaunchError, KeyboardInterrupt, _Signal, HostError, StateError)):
+        return exc  # a bug: keep its traceback
+    return err
+
+
+def _roll_back_into(run: _Run, err: LaunchError, reporter: Reporter) -> None:
+    """Stop what the run holds, then prove (by the pid files) that nothing it may have started
+    runs; the record goes only after that proof."""
+    dep = run.plan.deployment
+    mine = run.started_here()
+    had = [p.name for p in run.state.started() if p.name in mine]
+    if had:
+        reporter.step("rolling back: stopping what this run started")
+    try:
+        errors: list[str] = []
+        if run.uploaded:  # nothing can run (nor any secret file exist) before the upload
+            errors = run.rollback()
+            if not errors:
+                check = survey(run.state, run.pool)
+                left = {n for n in check.alive if n in mine}
+                if left or check.strangers:
+                    errors = stop_processes(
+                        run.state,
+                        run.pool,
+                        Reporter(),
+                        grace=run.grace,
+                        extra=check.strangers,
+                        only=left,
+                    )
+                errors += [f"{name}: {why}" for name, why in check.unknown.items()]
+    except (KeyboardInterrupt, _Signal) as again:
+        with _signals_ignored():
+            left = [p.name for p in run.state.started() if p.name in mine]
+            run.state.status = "failed"
+            with contextlib.suppress(StateError):
+                run.save()
+            err.message += (
+                f"\ninterrupted again ({_signal_name(again)}) while rolling back: "
+                + (f"still running: {', '.join(left)}" if left else "nothing is left running")
+                + f" (recorded; stop with `pdlaunch down {dep}`)"
+            )
+            err.rolled_back = not left
+        return
+    if errors:
+        run.state.status = "failed"
+        with contextlib.suppress(StateError):
+            run.save()
+        msg = (
+            "rollback could not stop: " + "; ".join(errors) + f" (retry with `pdlaunch down {dep}`)"
+        )
+        reporter.warn(msg)
+        err.message += f"\n{msg}"
+        err.rolled_back = False
+        return
+    kept = [p.name for p in run.state.started()]  # adopted: they ran before this `up`
+    if kept:
+        run.state.status = "failed"
+        run.save()
+        err.message += (
+            f"\nstill running, as before this `up` (recorded): {', '.join(kept)}; "
+            f"`pdlaunch down {dep}` stops them"
+        )
+    else:
+        remove_state(dep)
+    if isinstance(err, Interrupted):
+        err.message += (
+            ": rolled back, everything this run started was stopped"
+            if had
+            else ": nothing was running yet; nothing is left"
+        )
+    err.rolled_back = True if had else None
