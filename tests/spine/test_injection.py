@@ -150,6 +150,12 @@ def test_secret_is_never_rendered(tmp_path, sandbox, monkeypatch):
     assert secrets.is_relative_to(tmp_path)
     secrets.parent.mkdir(parents=True, exist_ok=True)
     secrets.write_text("HF_TOKEN=from-file\n", encoding="utf-8")
+    # A secrets file others could have written (group/world-writable, or readable) is refused
+    # before it is sourced: it would run their shell code with the engine's rights.
+    secrets.chmod(0o620)
+    proc = run(script, sandbox)
+    assert proc.returncode == 96 and "refusing" in proc.stderr, proc.stderr
+    secrets.chmod(0o600)
     proc = run(script, sandbox)
     assert proc.returncode == 0, proc.stderr
     assert ran(sandbox)["env"]["HF_TOKEN"] == "from-file"
