@@ -21,6 +21,7 @@ from .ssh import SshSettings
 MAX_WORKERS = 64
 
 HostKey = tuple[str, bool, tuple]
+Opener = Callable[[str, bool, dict[str, Any]], Host]
 
 
 def ssh_settings(ssh: dict[str, Any] | Any) -> SshSettings:
@@ -44,8 +45,16 @@ class HostPool:
     """Connected hosts keyed by :func:`host_key`; a host that failed to connect raises the same
     HostError again without a second attempt (one slow host must not cost its timeout twice)."""
 
-    def __init__(self, options: ConnectOptions | None = None):
+    def __init__(
+        self,
+        options: ConnectOptions | None = None,
+        *,
+        opener: Opener | None = None,
+    ):
+        """``opener(host, local, ssh)``: how a host is opened (default: LocalHost or SSH);
+        tests pass one that returns test doubles."""
         self.options = options or ConnectOptions()
+        self._opener = opener
         self._hosts: dict[HostKey, Host] = {}
         self._failed: dict[HostKey, HostError] = {}
         self._key_locks: dict[HostKey, threading.Lock] = {}
@@ -67,7 +76,10 @@ class HostPool:
             if failed is not None:
                 raise failed
             try:
-                h = LocalHost(host) if local else self._open_ssh(host, ssh)
+                if self._opener is not None:
+                    h = self._opener(host, local, ssh)
+                else:
+                    h = LocalHost(host) if local else self._open_ssh(host, ssh)
             except HostError as exc:
                 with self._lock:
                     self._failed[key] = exc

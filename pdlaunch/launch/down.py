@@ -6,6 +6,7 @@ import os
 import time
 
 from pdlaunch.hosts import ConnectOptions, HostPool
+from pdlaunch.hosts.pool import Opener
 from pdlaunch.plan import Plan
 from pdlaunch.state import (
     STATE_FILE,
@@ -33,6 +34,7 @@ def down(
     accept_new_host_keys: bool = False,
     known_hosts: str | None = None,
     ssh_config: str | None = None,
+    opener: Opener | None = None,
 ) -> DownResult:
     """Stop a deployment (router, decode, prefill) and forget it. Idempotent.
 
@@ -48,7 +50,7 @@ def down(
         # Nothing was ever recorded here: do not create a directory (or lock) for a typo.
         if plan is None:
             return DownResult([], f"{deployment}: nothing recorded; nothing to stop")
-        return _down_searched(plan, connect, grace, reporter, None)
+        return _down_searched(plan, connect, grace, reporter, None, opener)
     with DeploymentLock(deployment, "down"):
         try:
             state = load_state(deployment)
@@ -58,19 +60,24 @@ def down(
                     f"{exc}. Nothing was stopped. Run `pdlaunch down FILE` with the topology "
                     "file: it finds the processes on their hosts by their pid files."
                 ) from None
-            return _down_searched(plan, connect, grace, reporter, str(exc))
+            return _down_searched(plan, connect, grace, reporter, str(exc), opener)
         if state is None:
             if plan is None:
                 return DownResult([], f"{deployment}: nothing recorded; nothing to stop")
-            return _down_searched(plan, connect, grace, reporter, None)
-        return _down_recorded(state, connect, grace, reporter)
+            return _down_searched(plan, connect, grace, reporter, None, opener)
+        return _down_recorded(state, connect, grace, reporter, opener)
 
 
 def _down_recorded(
-    state: DeploymentState, connect: ConnectOptions, grace: float, reporter: Reporter
+    state: DeploymentState,
+    connect: ConnectOptions,
+    grace: float,
+    reporter: Reporter,
+    opener: Opener | None,
 ) -> DownResult:
     dep = state.deployment
-    with HostPool(connect.or_recorded(state.known_hosts, state.ssh_config)) as pool:
+    options = connect.or_recorded(state.known_hosts, state.ssh_config)
+    with HostPool(options, opener=opener) as pool:
         found = survey(state, pool)
         names = [p.name for p in state.started()] + [s.name for s in found.strangers]
         state.status = "stopping"
@@ -92,10 +99,11 @@ def _down_searched(
     grace: float,
     reporter: Reporter,
     unreadable: str | None,
+    opener: Opener | None,
 ) -> DownResult:
     """No usable record: find the plan's processes by their pid files and stop them."""
     state = unrecorded_state(plan)
-    with HostPool(connect) as pool:
+    with HostPool(connect, opener=opener) as pool:
         found = survey(state, pool)
         if not found.complete:
             raise LaunchError(unknown_message(found, plan.deployment) + "; nothing was stopped")

@@ -10,6 +10,7 @@ from typing import Any
 
 from pdlaunch import health
 from pdlaunch.hosts import ConnectOptions, HostPool, parallel
+from pdlaunch.hosts.pool import Opener
 from pdlaunch.state import DeploymentState, ProcessState, StateError, load_state
 
 from .model import LaunchError, connect_options
@@ -33,13 +34,15 @@ def status(
     accept_new_host_keys: bool = False,
     known_hosts: str | None = None,
     ssh_config: str | None = None,
+    opener: Opener | None = None,
 ) -> tuple[DeploymentState | None, list[dict[str, Any]]]:
     state = _load(deployment)
     if state is None:
         return None, []
     connect = connect_options(connect, accept_new_host_keys, known_hosts, ssh_config)
     now = time.time()
-    with HostPool(connect.or_recorded(state.known_hosts, state.ssh_config)) as pool:
+    options = connect.or_recorded(state.known_hosts, state.ssh_config)
+    with HostPool(options, opener=opener) as pool:
         seen = copy.deepcopy(state)  # the survey fills in pids; the record is not rewritten
         found = survey(seen, pool)
         by_name = {p.name: p for p in seen.processes}

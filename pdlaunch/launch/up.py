@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pdlaunch import health
 from pdlaunch.hosts import HostError, HostPool, parallel, sh_quote_path
-from pdlaunch.hosts.pool import MAX_WORKERS, HostKey
+from pdlaunch.hosts.pool import MAX_WORKERS, HostKey, Opener
 from pdlaunch.plan import Plan, Process
 from pdlaunch.render import RenderedFile, render_plan
 from pdlaunch.state import (
@@ -328,8 +328,15 @@ def _guarded_exec(script: str) -> str:
 
 
 # -- up -------------------------------------------------------------------------------------------
-def up(plan: Plan, opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
-    """Start the deployment (see the module docstring). Raises LaunchError/StateError."""
+def up(
+    plan: Plan,
+    opts: UpOptions,
+    reporter: Reporter | None = None,
+    *,
+    opener: Opener | None = None,
+) -> UpResult:
+    """Start the deployment (see the module docstring). Raises LaunchError/StateError.
+    ``opener``: how hosts are opened (tests pass test doubles)."""
     reporter = reporter or Reporter()
     t0 = time.monotonic()
     files = render_plan(plan)
@@ -341,7 +348,7 @@ def up(plan: Plan, opts: UpOptions, reporter: Reporter | None = None) -> UpResul
         connect = opts.connect
         if old is not None:
             connect = connect.or_recorded(old.known_hosts, old.ssh_config)
-        pool = HostPool(connect)
+        pool = HostPool(connect, opener=opener)
         try:
             missing = missing_secrets(plan)
             if missing:
