@@ -1,3 +1,6 @@
+"""`python -m pdlaunch`, the same as `pdlaunch`."""
+
 from pdlaunch.cli import main
 
-main()
+if __name__ == "__main__":
+    main()

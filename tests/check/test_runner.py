@@ -219,7 +219,6 @@ def test_check_over_sshd_hosts(cuda_cpu, sshd_cluster):
 
 @pytest.mark.ssh
 def test_check_cli_json_exit_codes(cuda_cpu, sshd_cluster, tmp_path):
-    import pdlaunch.cli_check  # noqa: F401  (registers `check`)
     from pdlaunch.cli import app
 
     path, _, _ = cuda_cpu

@@ -10,7 +10,6 @@ from pathlib import Path
 import yaml
 from typer.testing import CliRunner
 
-import pdlaunch.cli_launch  # noqa: F401  (registers up/down/status/logs on the app)
 from pdlaunch.cli import app
 
 SECRET_ENV = "PDLAUNCH_TEST_SECRET"

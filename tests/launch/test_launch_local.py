@@ -264,7 +264,7 @@ def test_second_up_process_refused_and_down_after_killed_up(make_deployment, sta
         [
             sys.executable,
             "-c",
-            "from pdlaunch.cli_launch import main; main()",
+            "from pdlaunch.cli import main; main()",
             "up",
             str(dep.path),
             "--timeout",

@@ -1,0 +1,28 @@
+"""The command line: parse options, call the layers, print.
+
+- :mod:`.app`: the typer app, exit codes, consoles and the bad-input helpers;
+- :mod:`.options`: the options several commands share, declared once;
+- :mod:`.reports`: tables more than one command prints;
+- one module per command group, each registering its commands on the app when imported:
+  :mod:`.spec` (validate, plan, render, schema), :mod:`.launch` (up, down, status, logs),
+  :mod:`.check`, :mod:`.bench`.
+
+Only this package root imports the command modules, so `app` is complete once
+``pdlaunch.cli`` is imported and no module below imports one above it
+(tests/spine/test_imports.py checks this).
+"""
+
+from __future__ import annotations
+
+from pdlaunch.cli import bench, check, launch, spec
+from pdlaunch.cli.app import app
+
+__all__ = ["app", "main"]
+
+# The command modules are imported for what importing them does: each adds its commands.
+COMMAND_MODULES = (spec, launch, check, bench)
+
+
+def main() -> None:
+    """The `pdlaunch` console script."""
+    app()

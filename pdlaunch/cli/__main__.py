@@ -1,0 +1,6 @@
+"""`python -m pdlaunch.cli`, the same as `pdlaunch`."""
+
+from pdlaunch.cli import main
+
+if __name__ == "__main__":
+    main()

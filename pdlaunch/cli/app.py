@@ -1,0 +1,126 @@
+"""The typer app every command registers on, its consoles, exit codes, and the helpers that
+turn bad input into a message and an exit code (never a traceback).
+
+Imports no command module: `pdlaunch.cli` (the package) imports the command modules, which
+import this one, so the dependency only points down.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from pdlaunch.load import LoadError, Source, load
+from pdlaunch.plan import Plan, build_plan
+from pdlaunch.rules import Finding, has_errors, validate
+from pdlaunch.topology import Topology
+
+EXIT_OK = 0
+EXIT_FINDINGS = 1  # rule errors, or a failed check
+EXIT_FAILED = 1  # an operation (up, down, bench, ...) failed
+EXIT_INPUT = 2  # unreadable input or a wrong argument
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Declarative launcher for prefill/decode disaggregated vLLM serving.",
+)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def print_json(data: object) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def print_error(message: str) -> None:
+    """A red `error` line on stderr. ``message`` is plain text: a path or host name with
+    brackets in it must not be read as rich markup."""
+    err.print(f"[bold red]error[/] {escape(message)}")
+
+
+def bad_input(message: str) -> NoReturn:
+    """A user mistake (a path, an argument): say so and exit 2."""
+    print_error(message)
+    raise typer.Exit(EXIT_INPUT)
+
+
+def failed(message: str) -> NoReturn:
+    """An operation that could not be done: say so and exit 1."""
+    print_error(message)
+    raise typer.Exit(EXIT_FAILED)
+
+
+def load_or_exit(path: Path, as_json: bool) -> tuple[Topology, Source]:
+    """The topology and its source lines; exit 2 with every problem on unreadable input."""
+    try:
+        return load(path)
+    except LoadError as exc:
+        if as_json:
+            print_json(
+                {
+                    "valid": False,
+                    "input_errors": [
+                        {"file": p.file, "line": p.line, "field": p.field, "message": p.message}
+                        for p in exc.problems
+                    ],
+                }
+            )
+        else:
+            for p in exc.problems:
+                print_error(f"{p.where()}: {p.message}")
+        raise typer.Exit(EXIT_INPUT) from None
+
+
+def finding_dict(f: Finding) -> dict[str, object]:
+    return {
+        "rule": f.rule,
+        "severity": f.severity,
+        "file": f.file,
+        "line": f.line,
+        "field": f.where.split(" ", 1)[-1] if f.field else "",
+        "message": f.message,
+        "fix": f.fix,
+        "source": f.source,
+    }
+
+
+def print_findings(findings: list[Finding]) -> None:
+    table = Table(title="Findings", show_lines=True)
+    for col in ("rule", "where", "message", "fix"):
+        table.add_column(col, overflow="fold")
+    for f in findings:
+        color = "red" if f.severity == "error" else "yellow"
+        table.add_row(f"[{color}]{f.rule}[/]", f.where, f.message, f.fix)
+    err.print(table)
+
+
+def load_valid(path: Path, as_json: bool = False) -> tuple[Topology, list[Finding]]:
+    """Load and validate; exit 2 on unreadable input, 1 on rule errors."""
+    topo, source = load_or_exit(path, as_json)
+    findings = validate(topo, source)
+    if has_errors(findings):
+        if as_json:
+            print_json({"valid": False, "findings": [finding_dict(f) for f in findings]})
+        else:
+            print_findings(findings)
+            n = sum(f.severity == "error" for f in findings)
+            err.print(f"[bold red]{path}: {n} error(s); nothing was started or written.[/]")
+        raise typer.Exit(EXIT_FINDINGS)
+    if findings and not as_json:
+        print_findings(findings)
+    return topo, findings
+
+
+def plan_or_exit(path: Path, as_json: bool = False) -> Plan:
+    topo, _ = load_valid(path, as_json)
+    return build_plan(topo)

@@ -1,0 +1,156 @@
+"""`pdlaunch bench TOPOLOGY`: run `vllm bench serve` from the control host through the
+deployment's router and show TTFT, ITL, TPOT and throughput. Exit 0 when every request
+succeeded, 1 when the benchmark failed, 2 on unreadable input."""
+
+from __future__ import annotations
+
+from typing import Annotated, NoReturn
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from pdlaunch import bench
+from pdlaunch.cli.app import (
+    EXIT_FAILED,
+    app,
+    bad_input,
+    err,
+    out,
+    plan_or_exit,
+    print_error,
+    print_json,
+)
+from pdlaunch.cli.options import BenchTimeoutOpt, JsonOpt, TopologyArg
+from pdlaunch.health import probe
+from pdlaunch.hosts import HostError, LocalHost
+
+_ROWS = (
+    ("TTFT (ms)", "ttft"),
+    ("ITL (ms)", "itl"),
+    ("TPOT (ms)", "tpot"),
+    ("E2E latency (ms)", "e2el"),
+)
+
+
+def _table(result: bench.BenchResult, title: str) -> Table:
+    table = Table(title=title)
+    table.add_column("metric")
+    for s in bench.STATS:
+        table.add_column(s, justify="right")
+    m = result.metrics
+    for label, key in _ROWS:
+        table.add_row(
+            label,
+            *(f"{m[f'{s}_{key}_ms']:.1f}" if f"{s}_{key}_ms" in m else "" for s in bench.STATS),
+        )
+    return table
+
+
+def _summary(result: bench.BenchResult) -> Table:
+    table = Table(box=None, pad_edge=False, show_header=False)
+    table.add_column()
+    table.add_column(justify="right")
+    m = result.metrics
+    table.add_row("requests ok / failed", f"{result.completed} / {result.failed}")
+    table.add_row("duration (s)", f"{result.duration_s:.2f}")
+    table.add_row("request throughput (req/s)", f"{m['request_throughput']:.2f}")
+    table.add_row("output throughput (tok/s)", f"{m['output_throughput']:.1f}")
+    table.add_row("total token throughput (tok/s)", f"{m['total_token_throughput']:.1f}")
+    return table
+
+
+@app.command("bench")
+def bench_cmd(
+    topology: TopologyArg,
+    num_prompts: Annotated[
+        int,
+        typer.Option("--num-prompts", min=1, max=bench.MAX_NUM_PROMPTS, help="Requests to send"),
+    ] = bench.DEFAULT_NUM_PROMPTS,
+    input_len: Annotated[
+        int, typer.Option("--input-len", min=1, help="Prompt tokens per request (random)")
+    ] = 128,
+    output_len: Annotated[
+        int, typer.Option("--output-len", min=1, help="Generated tokens per request")
+    ] = 16,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", min=1, help="Requests in flight at most")
+    ] = 2,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option("--tokenizer", help="Tokenizer path on this host (default: the model)"),
+    ] = None,
+    timeout: BenchTimeoutOpt = 1800.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Benchmark a running deployment through its router (vllm bench serve, random dataset)."""
+    plan = plan_or_exit(topology, as_json)
+    opts = bench.BenchOptions(
+        num_prompts=num_prompts,
+        input_len=input_len,
+        output_len=output_len,
+        concurrency=concurrency,
+        tokenizer=tokenizer,
+    )
+    try:
+        opts.check()
+    except bench.BenchError as exc:
+        bad_input(str(exc))
+    try:
+        vllm = bench.find_vllm()
+        bench.check_tokenizer(opts.tokenizer or plan.model)
+    except bench.BenchError as exc:
+        _fail(str(exc), as_json)
+    health_url = plan.router.health_url
+    if health_url and not probe(health_url, timeout=5).ok:
+        _fail(f"the router is not healthy at {health_url} (is the deployment up?)", as_json)
+
+    def announce(argv: list[str]) -> None:
+        if not as_json:
+            err.print(Text(" ".join(argv), style="dim"))
+
+    # The client runs on the control host (the tokenizer and `vllm` were found here), through
+    # the hosts layer like every other command pdlaunch runs.
+    host = LocalHost()
+    try:
+        result = bench.run_bench(host, plan, opts, vllm=vllm, timeout=timeout, announce=announce)
+    except bench.BenchError as exc:
+        _fail(str(exc), as_json, exc.tail)
+    except HostError as exc:
+        _fail(str(exc), as_json)
+    finally:
+        host.close()
+    if as_json:
+        print_json(
+            {
+                "endpoint": plan.endpoint(),
+                "model": plan.served_model_name,
+                "num_prompts": num_prompts,
+                "input_len": input_len,
+                "output_len": output_len,
+                "concurrency": concurrency,
+                **result.to_dict(),
+            }
+        )
+    else:
+        out.print(
+            _table(result, f"{plan.deployment}: {plan.endpoint()} ({plan.served_model_name})")
+        )
+        out.print(_summary(result))
+    if not result.ok:
+        if not as_json:
+            err.print(
+                f"[bold red]{result.failed} of {result.completed + result.failed} "
+                "requests failed[/]"
+            )
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _fail(message: str, as_json: bool, tail: str = "") -> NoReturn:
+    if as_json:
+        print_json({"ok": False, "error": message, "output_tail": tail})
+    else:
+        print_error(message)
+        if tail.strip():
+            err.print(Text(tail.rstrip("\n")))
+    raise typer.Exit(EXIT_FAILED)

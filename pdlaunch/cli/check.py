@@ -1,0 +1,56 @@
+"""`pdlaunch check TOPOLOGY`: preflight of hardware, fabric, ports and versions. Exit codes:
+0 no FAIL (WARN/SKIP allowed), 1 at least one FAIL (or rule errors), 2 unreadable input."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from pdlaunch.check.runner import CheckOptions, run_check
+from pdlaunch.cli.app import EXIT_FINDINGS, EXIT_OK, app, err, plan_or_exit, print_json
+from pdlaunch.cli.options import (
+    AcceptKeysOpt,
+    JsonOpt,
+    KnownHostsOpt,
+    SshConfigOpt,
+    TopologyArg,
+    connect_options,
+)
+from pdlaunch.cli.reports import print_report
+
+
+@app.command("check")
+def check_cmd(
+    topology: TopologyArg,
+    as_json: JsonOpt = False,
+    bandwidth: Annotated[
+        bool,
+        typer.Option("--bandwidth", help="Also measure ib_write_bw between prefill and decode"),
+    ] = False,
+    fast: Annotated[
+        bool,
+        typer.Option("--fast", help="Only the quick subset `up` runs (no NPU pings, no bandwidth)"),
+    ] = False,
+    accept_new_host_keys: AcceptKeysOpt = False,
+    known_hosts: KnownHostsOpt = None,
+    ssh_config: SshConfigOpt = None,
+) -> None:
+    """Preflight every host and prefill->decode pair of the topology; starts nothing."""
+    plan = plan_or_exit(topology, as_json)
+    connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
+    opts = CheckOptions(
+        fast=fast,
+        bandwidth=bandwidth,
+        accept_new_host_keys=connect.accept_new_host_keys,
+        known_hosts=connect.known_hosts,
+        ssh_config=connect.ssh_config,
+    )
+    if as_json:
+        report = run_check(plan, opts)
+        print_json(report.to_dict())
+    else:
+        with err.status(f"checking {plan.deployment}...", spinner="dots"):
+            report = run_check(plan, opts)
+        print_report(report)
+    raise typer.Exit(EXIT_FINDINGS if report.failed else EXIT_OK)

@@ -1,0 +1,458 @@
+"""Commands that start and supervise deployments: `up`, `down`, `status`, `logs`. Exit codes:
+0 done, 1 failed operation (or, for `status`, not every process alive and healthy), 2 unreadable
+input, 130 `up` interrupted."""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from pdlaunch import launch
+from pdlaunch.check.runner import CheckOptions, run_check
+from pdlaunch.cli.app import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    app,
+    bad_input,
+    err,
+    failed,
+    load_or_exit,
+    out,
+    plan_or_exit,
+    print_error,
+    print_json,
+)
+from pdlaunch.cli.options import (
+    AcceptKeysOpt,
+    HealthTimeoutOpt,
+    JsonOpt,
+    KnownHostsOpt,
+    SshConfigOpt,
+    TargetArg,
+    TopologyArg,
+    connect_options,
+)
+from pdlaunch.cli.reports import print_report
+from pdlaunch.hosts import HostError
+from pdlaunch.hosts.options import ConnectOptions
+from pdlaunch.plan import Plan
+from pdlaunch.state import StateError, list_deployments, load_state, state_root
+
+# `--grace` on `up` (stopping on rollback or --replace) and on `down`.
+UpGraceOpt = Annotated[
+    float, typer.Option("--grace", min=0, help="Seconds between SIGTERM and SIGKILL on stop")
+]
+DownGraceOpt = Annotated[
+    float, typer.Option("--grace", min=0, help="Seconds between SIGTERM and SIGKILL")
+]
+
+_STATE_STYLE = {
+    "pending": "dim",
+    "starting": "yellow",
+    "healthy": "green",
+    "running": "green",
+    "failed": "bold red",
+    "stopping": "yellow",
+    "stopped": "dim",
+}
+
+
+class RichReporter(launch.Reporter):
+    """A live table of every process (state starting/healthy/failed) under the current step."""
+
+    def __init__(self, console: Console, enabled: bool = True):
+        self.console = console
+        self.enabled = enabled
+        self._views: list[launch.View] = []
+        self._step = ""
+        self._lock = threading.Lock()
+        self.live: Live | None = None
+
+    def __enter__(self) -> RichReporter:
+        if self.enabled:
+            self.live = Live(
+                get_renderable=self.render,
+                console=self.console,
+                refresh_per_second=8,
+                transient=False,
+            )
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.refresh()
+            self.live.stop()
+            self.live = None
+            if not self.console.is_terminal:
+                self.console.line()
+
+    def render(self) -> Group:
+        table = Table(box=None, pad_edge=False, header_style="bold")
+        for col in ("process", "role", "host", "pid", "state", "detail"):
+            table.add_column(col, overflow="fold")
+        with self._lock:
+            views = list(self._views)
+        for v in views:
+            table.add_row(
+                v.name,
+                v.role,
+                v.host,
+                str(v.pid) if v.pid else "",
+                Text(v.state, style=_STATE_STYLE.get(v.state, "")),
+                v.detail,
+            )
+        if not views:
+            return Group(Text(self._step, style="bold"))
+        return Group(Text(self._step, style="bold"), table)
+
+    def step(self, message: str) -> None:
+        self._step = message
+        if self.enabled and self.live is None:
+            self.console.print(f"[dim]{message}[/]")
+
+    def views(self, views: list[launch.View]) -> None:
+        with self._lock:
+            self._views = views
+
+    def update(self) -> None:
+        pass  # Live refreshes itself from render()
+
+    def warn(self, message: str) -> None:
+        if self.enabled:
+            self.console.print(f"[yellow]warning[/] {message}")
+
+
+def _print_failure(exc: launch.LaunchError) -> None:
+    print_error(exc.message)
+    for f in exc.failures:
+        where = f"{f.name} on {f.host}" if f.name != "(host)" else f.host
+        err.print(f"[red]✗ {where}[/]: {f.reason}")
+        if f.log_tail.strip():
+            err.print(f"[dim]--- last lines of {f.log_path} ---[/]")
+            err.print(Text(f.log_tail.rstrip("\n")))
+            err.print("[dim]---[/]")
+
+
+def _failure_json(exc: Exception) -> dict[str, Any]:
+    data: dict[str, Any] = {"ok": False, "error": str(exc)}
+    if isinstance(exc, launch.LaunchError):
+        data["rolled_back"] = exc.rolled_back
+        data["failures"] = [
+            {
+                "process": f.name,
+                "host": f.host,
+                "reason": f.reason,
+                "log": f.log_path,
+                "log_tail": f.log_tail,
+            }
+            for f in exc.failures
+        ]
+    return data
+
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+def resolve_deployment(target: str | None, as_json: bool = False) -> str:
+    """A topology file (its `deployment`), a deployment name, or, when omitted, the only
+    deployment recorded on this control host."""
+    if target is None:
+        names = list_deployments()
+        if len(names) == 1:
+            return names[0]
+        if not names:
+            bad_input(f"no deployment is recorded in {state_root()}")
+        bad_input("several deployments are recorded; name one: " + ", ".join(names))
+    path = Path(target)
+    if path.is_file():
+        topo, _ = load_or_exit(path, as_json)
+        return topo.deployment
+    if _NAME.match(target) and not target.endswith((".yaml", ".yml")):
+        return target
+    bad_input(f"{target}: no such topology file")
+
+
+def _preflight(plan: Plan, connect: ConnectOptions, as_json: bool) -> None:
+    opts = CheckOptions(
+        fast=True,
+        accept_new_host_keys=connect.accept_new_host_keys,
+        known_hosts=connect.known_hosts,
+        ssh_config=connect.ssh_config,
+    )
+    report = run_check(plan, opts)
+    if report.failed:
+        if as_json:
+            print_json({"ok": False, "check": [r.to_dict() for r in report.results]})
+        else:
+            print_report(report)
+            err.print(
+                "[bold red]preflight check failed; nothing was started[/] "
+                "(fix the FAIL rows, or pass --skip-check)"
+            )
+        raise typer.Exit(EXIT_FAILED)
+
+
+@app.command("up")
+def up_cmd(
+    topology: TopologyArg,
+    timeout: HealthTimeoutOpt = 600.0,
+    canary: Annotated[
+        bool,
+        typer.Option("--canary/--no-canary", help="Prove P/D serving with one request"),
+    ] = True,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Stop a running, different deployment first")
+    ] = False,
+    accept_new_host_keys: AcceptKeysOpt = False,
+    known_hosts: KnownHostsOpt = None,
+    ssh_config: SshConfigOpt = None,
+    grace: UpGraceOpt = 10.0,
+    skip_check: Annotated[
+        bool, typer.Option("--skip-check", help="Do not run the fast preflight check first")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Start the deployment on every host, wait for health, check one request, record it."""
+    plan = plan_or_exit(topology, as_json)
+    connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
+    # Preflight only a deployment that is not already recorded: a running one holds its own
+    # ports, which the port probe would report as taken.
+    if not skip_check and load_state(plan.deployment) is None:
+        _preflight(plan, connect, as_json)
+    opts = launch.UpOptions(
+        timeout=timeout,
+        canary=canary,
+        replace=replace,
+        accept_new_host_keys=connect.accept_new_host_keys,
+        known_hosts=connect.known_hosts,
+        ssh_config=connect.ssh_config,
+        stop_grace=grace,
+        topology_path=str(topology.resolve()),
+    )
+    reporter = RichReporter(err, enabled=not as_json)
+    try:
+        with reporter:
+            result = launch.up(plan, opts, reporter)
+    except (launch.LaunchError, StateError, HostError) as exc:
+        if as_json:
+            print_json(_failure_json(exc))
+        elif isinstance(exc, launch.LaunchError):
+            _print_failure(exc)
+            if exc.rolled_back:
+                err.print("rolled back: everything this run started was stopped")
+            elif exc.rolled_back is None:
+                err.print("nothing was started")
+        else:
+            print_error(str(exc))
+        raise typer.Exit(EXIT_FAILED) from None
+    except KeyboardInterrupt:
+        err.print("[red]interrupted: everything this run started was stopped[/]")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    if as_json:
+        print_json(
+            {
+                "ok": True,
+                "changed": result.changed,
+                "message": result.message,
+                "endpoint": result.endpoint,
+                "endpoints": dict(result.endpoints),
+                "elapsed_s": round(result.elapsed_s, 3),
+                "healthy_s": round(result.healthy_s, 3),
+                "canary": None
+                if result.canary is None
+                else {
+                    "ok": result.canary.ok,
+                    "message": result.canary.message,
+                    **result.canary.details,
+                },
+            }
+        )
+        return
+    style = "green" if result.changed else "cyan"
+    out.print(f"[{style}]{result.message}[/]")
+    if result.canary is not None:
+        out.print(f"canary: {result.canary.message}")
+    if result.changed:
+        out.print(f"up in {result.elapsed_s:.1f}s (all healthy after {result.healthy_s:.1f}s)")
+    table = Table(box=None, pad_edge=False, show_header=False)
+    table.add_column()
+    table.add_column()
+    for name, url in result.endpoints:
+        table.add_row(name, url)
+    out.print(table)
+
+
+@app.command("down")
+def down_cmd(
+    target: TargetArg = None,
+    accept_new_host_keys: AcceptKeysOpt = False,
+    known_hosts: KnownHostsOpt = None,
+    ssh_config: SshConfigOpt = None,
+    grace: DownGraceOpt = 10.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Stop a deployment: router first, then decode, then prefill. Safe to repeat.
+
+    Given the topology file and nothing recorded here, finds the processes on their hosts by
+    their pid files (each confirmed by the log it writes) and stops those."""
+    deployment = resolve_deployment(target, as_json)
+    connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
+    plan = None
+    try:
+        recorded = load_state(deployment) is not None
+    except StateError:
+        recorded = True  # launch.down reports the unreadable state
+    if not recorded and target is not None and Path(target).is_file():
+        plan = plan_or_exit(Path(target), as_json)
+    reporter = RichReporter(err, enabled=False)
+    try:
+        result = launch.down(
+            deployment,
+            plan=plan,
+            accept_new_host_keys=connect.accept_new_host_keys,
+            known_hosts=connect.known_hosts,
+            ssh_config=connect.ssh_config,
+            grace=grace,
+            reporter=reporter,
+        )
+    except (launch.LaunchError, StateError, HostError) as exc:
+        if as_json:
+            print_json(_failure_json(exc))
+        else:
+            print_error(str(exc))
+        raise typer.Exit(EXIT_FAILED) from None
+    if as_json:
+        print_json(
+            {
+                "ok": True,
+                "deployment": deployment,
+                "stopped": result.stopped,
+                "message": result.message,
+            }
+        )
+    else:
+        out.print(result.message)
+
+
+def _uptime(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    s = int(seconds)
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+@app.command("status")
+def status_cmd(
+    target: TargetArg = None,
+    accept_new_host_keys: AcceptKeysOpt = False,
+    known_hosts: KnownHostsOpt = None,
+    ssh_config: SshConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show every recorded process: host, pid, alive, health, uptime. Exit 1 unless all are
+    alive and healthy."""
+    deployment = resolve_deployment(target, as_json)
+    connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
+    try:
+        state, rows = launch.status(
+            deployment,
+            accept_new_host_keys=connect.accept_new_host_keys,
+            known_hosts=connect.known_hosts,
+            ssh_config=connect.ssh_config,
+        )
+    except StateError as exc:
+        failed(str(exc))
+    if state is None:
+        if as_json:
+            print_json({"deployment": deployment, "recorded": False, "processes": []})
+        else:
+            out.print(f"{deployment}: not running (nothing recorded)")
+        raise typer.Exit(EXIT_FAILED)
+    good = all(r["alive"] and r["health"] in ("healthy", "headless") for r in rows)
+    if as_json:
+        print_json(
+            {
+                "deployment": deployment,
+                "recorded": True,
+                "status": state.status,
+                "endpoint": state.endpoint,
+                "healthy": good,
+                "processes": rows,
+            }
+        )
+    else:
+        table = Table(title=f"{deployment} ({state.status}) {state.endpoint}")
+        for col in ("process", "host", "pid", "alive", "health", "uptime"):
+            table.add_column(col, overflow="fold")
+        for r in rows:
+            alive = (
+                "[green]yes[/]"
+                if r["alive"]
+                else "[red]no[/]"
+                if r["alive"] is False
+                else f"[yellow]?[/] {r['error'] or ''}"
+            )
+            hl = r["health"] or ""
+            hstyle = "green" if hl in ("healthy", "headless") else "red"
+            table.add_row(
+                r["process"],
+                r["host"],
+                str(r["pid"] or ""),
+                alive,
+                f"[{hstyle}]{hl}[/]",
+                _uptime(r["uptime_s"]),
+            )
+        out.print(table)
+    raise typer.Exit(EXIT_OK if good else EXIT_FAILED)
+
+
+@app.command("logs")
+def logs_cmd(
+    args: Annotated[
+        list[str],
+        typer.Argument(
+            help="[TOPOLOGY|DEPLOYMENT] PROCESS (deployment defaults to the only recorded one)",
+            show_default=False,
+        ),
+    ],
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing new lines")] = False,
+    lines: Annotated[int, typer.Option("-n", "--lines", min=0, help="Lines to show")] = 50,
+    accept_new_host_keys: AcceptKeysOpt = False,
+    known_hosts: KnownHostsOpt = None,
+    ssh_config: SshConfigOpt = None,
+) -> None:
+    """Print (or follow) the log of one process."""
+    if len(args) == 1:
+        deployment, name = resolve_deployment(None), args[0]
+    elif len(args) == 2:
+        deployment, name = resolve_deployment(args[0]), args[1]
+    else:
+        bad_input("usage: pdlaunch logs [TOPOLOGY|DEPLOYMENT] PROCESS")
+    connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
+    try:
+        for line in launch.logs(
+            deployment,
+            name,
+            lines=lines,
+            follow=follow,
+            accept_new_host_keys=connect.accept_new_host_keys,
+            known_hosts=connect.known_hosts,
+            ssh_config=connect.ssh_config,
+        ):
+            out.out(line, highlight=False)
+    except (launch.LaunchError, StateError, HostError) as exc:
+        failed(str(exc))
+    except KeyboardInterrupt:
+        raise typer.Exit(EXIT_OK) from None

@@ -1,0 +1,119 @@
+"""Commands that only read the topology: `validate`, `plan`, `render`, `schema`. Exit codes:
+0 valid, 1 rule findings, 2 unreadable input."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from pdlaunch.cli.app import (
+    app,
+    bad_input,
+    finding_dict,
+    load_valid,
+    out,
+    plan_or_exit,
+    print_json,
+)
+from pdlaunch.cli.options import JsonOpt, TopologyArg
+from pdlaunch.plan import Process
+from pdlaunch.render import render_plan, write_files
+from pdlaunch.topology import Topology
+
+# Short names for the plan's port kinds, so each port line fits a narrow terminal.
+PORT_LABELS = {
+    "http": "http",
+    "nixl_side_channel": "nixl",
+    "dp_rpc": "dp_rpc",
+    "mooncake_kv": "mooncake",
+    "router_http": "http",
+    "router_metrics": "metrics",
+}
+
+
+def compact_ranges(ports: Iterable[int]) -> str:
+    """``5600-5603,5608`` for 5600, 5601, 5602, 5603, 5608 (sorted, duplicates dropped)."""
+    runs: list[list[int]] = []
+    for port in sorted(set(ports)):
+        if runs and port == runs[-1][1] + 1:
+            runs[-1][1] = port
+        else:
+            runs.append([port, port])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def port_lines(process: Process) -> list[str]:
+    """One ``<ports> <kind>`` line per port kind, in the order the plan lists them: a 4-rank
+    side channel is one ``5600-5603 nixl`` line, not four."""
+    by_kind: dict[str, list[int]] = {}
+    for p in process.ports:
+        by_kind.setdefault(p.kind, []).append(p.port)
+    return [f"{compact_ranges(ports)} {PORT_LABELS.get(k, k)}" for k, ports in by_kind.items()]
+
+
+@app.command("validate")
+def validate_cmd(topology: TopologyArg, as_json: JsonOpt = False) -> None:
+    """Check a topology against every rule; nothing is started."""
+    topo, findings = load_valid(topology, as_json)
+    if as_json:
+        print_json({"valid": True, "findings": [finding_dict(f) for f in findings]})
+    else:
+        n = len(topo.prefill) + len(topo.decode)
+        out.print(f"[green]{topology}: valid[/] ({n} instances, {len(findings)} warning(s))")
+
+
+@app.command("plan")
+def plan_cmd(topology: TopologyArg, as_json: JsonOpt = False) -> None:
+    """Show every process the topology resolves to."""
+    plan = plan_or_exit(topology, as_json)
+    if as_json:
+        print_json(plan.model_dump(mode="json"))
+        return
+    # A block per process instead of a table: a table folds the ports and URLs of a
+    # multi-rank process word by word in 80 columns.
+    out.print(
+        f"[bold]{escape(plan.deployment)}[/]: {len(plan.processes)} processes, "
+        f"agreed block size {plan.agreed_block_size}"
+    )
+    for p in plan.processes:
+        out.print()
+        head = f"[bold]{escape(p.name)}[/]  {p.role} on {escape(p.host)}"
+        if p.devices:
+            head += f", devices {','.join(map(str, p.devices))}"
+        out.print(head)
+        out.print(f"  health {escape(p.health_url or '(headless)')}")
+        for i, line in enumerate(port_lines(p)):
+            out.print(f"  {'ports ' if i == 0 else '      '} {line}")
+    out.print()
+    out.print(f"[dim]argv, env and log paths: pdlaunch plan {escape(str(topology))} --json[/]")
+
+
+@app.command("render")
+def render_cmd(
+    topology: TopologyArg,
+    output: Annotated[Path, typer.Option("-o", "--output", help="Directory for the scripts")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Write one runnable script per process, plus index.md and plan.json."""
+    plan = plan_or_exit(topology, as_json)
+    if output.exists() and not output.is_dir():
+        bad_input(f"{output}: exists and is not a directory")
+    try:
+        written = write_files(render_plan(plan), output)
+    except OSError as exc:
+        bad_input(f"cannot write to {output}: {exc.strerror}")
+    if as_json:
+        print_json({"files": [str(p) for p in written]})
+    else:
+        for p in written:
+            out.print(f"wrote {p}")
+
+
+@app.command("schema")
+def schema_cmd() -> None:
+    """Print the topology JSON Schema (for yaml-language-server and editors)."""
+    print_json(Topology.model_json_schema())
