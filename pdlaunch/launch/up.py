@@ -571,6 +571,7 @@ def _up_steps(
             [p.health_url for p in plan.by_role("prefill") if p.health_url],
             [p.health_url for p in plan.by_role("decode") if p.health_url],
             timeout=min(opts.canary_timeout, max(5.0, run.deadline - time.monotonic())),
+            reference_health=[p.health_url for p in plan.by_role("prefill") if p.health_url],
         )
         if not canary.ok:
             r = plan.router

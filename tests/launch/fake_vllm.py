@@ -21,6 +21,8 @@ Behaviour is set by environment variables (topologies set them per instance via 
 ``FAKE_VLLM_MODE``      ``ok`` (default) | ``exit`` (exit 3 at start) | ``hang`` (never listen)
                         | ``unhealthy`` (``/health`` answers 503) | ``no_kv`` (ignore
                         ``kv_transfer_params``: recompute everything, i.e. not disaggregated)
+                        | ``corrupt_kv`` (load remote KV, but answer what garbage KV would
+                        give: HTTP 200, disaggregated counters, wrong tokens)
 ``FAKE_VLLM_DELAY``     seconds to wait before listening (default 0)
 ``FAKE_VLLM_REQUIRE_ENV``  comma-separated variable names that must be set (exit 4 otherwise);
                         only the names are ever printed, never the values
@@ -53,6 +55,7 @@ class Engine:
         self.host = host
         self.port = port
         self.no_kv = no_kv
+        self.corrupt_kv = os.environ.get("FAKE_VLLM_MODE") == "corrupt_kv"
         self.unhealthy = unhealthy
         self.lock = threading.Lock()
         self.tokens = dict.fromkeys(SOURCES, 0)
@@ -137,7 +140,10 @@ class Engine:
                 self.tokens["local_compute"] += n
                 max_tokens = int(req.get("max_tokens") or 16)
             count = self.requests
-        text = " tok" * max_tokens
+        word = " tok"
+        if self.corrupt_kv and kv.get("remote_block_ids") is not None:
+            word = " garbage"
+        text = word * max_tokens
         if path == "/v1/chat/completions":
             choice = {
                 "index": 0,

@@ -176,6 +176,25 @@ def test_canary_catches_non_disaggregated_serving(make_deployment):
     assert wait_no_procs(dep.work_root) == []
 
 
+def test_canary_catches_disaggregated_serving_that_answers_wrong(make_deployment):
+    # Decode loads the KV (the counters say "disaggregated") but decodes garbage, HTTP 200:
+    # only comparing with prefill alone can see it.
+    dep = make_deployment("corrupt", decode_env={"FAKE_VLLM_MODE": "corrupt_kv"})
+    res = cli("up", dep.path, "--timeout", "120")
+    assert res.exit_code == 1, res.output
+    assert "disaggregated but WRONG" in res.output
+    assert "' garbage garbage garbage garbage'" in res.output  # through the router
+    assert "' tok tok tok tok'" in res.output  # prefill alone
+    assert "rolled back" in res.output
+    assert wait_no_procs(dep.work_root) == []
+    # the same deployment with a decode that reads its KV right passes
+    dep = make_deployment("correct")
+    res = cli("up", dep.path, "--timeout", "120")
+    assert res.exit_code == 0, res.output
+    assert "answered as prefill alone does" in res.output
+    assert cli("down", dep.path).exit_code == 0
+
+
 def test_killed_process_shows_dead_in_status(make_deployment):
     dep = make_deployment("killed", router_env={"FAKE_ROUTER_MODE": "bypass"})
     res = cli("up", dep.path, "--no-canary", "--timeout", "120", "--json")
