@@ -13,7 +13,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from pdlaunch.topology import Topology, canonical_host
+from pdlaunch.addresses import canonical_host
+from pdlaunch.topology import Topology
 
 FieldPath = tuple[str | int, ...]
 MAX_BYTES = 4 * 1024 * 1024

@@ -15,27 +15,20 @@ from pydantic import BaseModel, ConfigDict
 
 from pdlaunch import kv as kv_extension
 from pdlaunch import kvgeometry as kv
+from pdlaunch.addresses import host_key, is_local_control_host
 from pdlaunch.devices import profile
 from pdlaunch.nodeenv import derived_env, devices_of
 from pdlaunch.ports import (
     Node,
     PortKind,
     all_nodes,
+    dp_master_address,
     mooncake_settings,
     node_ports,
     router_ports,
     side_channel_bases,
 )
-from pdlaunch.topology import (
-    SECRET_REF,
-    DeviceKind,
-    HostSettings,
-    Instance,
-    Ssh,
-    Topology,
-    host_key,
-    is_loopback,
-)
+from pdlaunch.topology import SECRET_REF, DeviceKind, HostSettings, Instance, Ssh, Topology
 
 # The KV extension inside this package (pdlaunch/kv/connector.py), loaded by vLLM on the
 # prefill nodes through kv_connector_module_path. pdlaunch.kv's root imports no torch/vLLM.
@@ -133,7 +126,7 @@ def _ssh(topo: Topology, host: str, override: Ssh | None) -> Ssh:
 
 def _is_local(topo: Topology, host: str) -> bool:
     explicit = _host_settings(topo, host).local
-    return explicit if explicit is not None else is_loopback(host)
+    return explicit if explicit is not None else is_local_control_host(host)
 
 
 def _split_env(*maps: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -254,7 +247,7 @@ def _serve_argv(topo: Topology, node: Node) -> list[str]:
     if inst.enforce_eager:
         argv.append("--enforce-eager")
     if inst.dp.size > 1:
-        master = inst.dp.master_address or inst.node_hosts[0]
+        master = dp_master_address(inst)
         argv += [
             "--data-parallel-size", str(inst.dp.size),
             "--data-parallel-size-local", str(node.local_size),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from pdlaunch.addresses import host_key, listeners_clash
 from pdlaunch.topology import Instance, Role, Topology, instance_name
 
 FieldPath = tuple[str | int, ...]
@@ -17,6 +18,9 @@ FieldPath = tuple[str | int, ...]
 # side channel listens on VLLM_NIXL_SIDE_CHANNEL_PORT + data_parallel_index, one per DP rank
 # (TP ranks' metadata is gathered and served by that one listener).
 SIDE_CHANNEL_SOURCE = "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py:76"
+# Where a program picks its listening address itself (or pdlaunch cannot know it): assume every
+# address, so a port it takes clashes with any other listener on that machine.
+EVERY_ADDRESS = "0.0.0.0"
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,34 @@ class PortUse:
     purpose: str  # for people; consumers read `kind`
     field: FieldPath
     kind: PortKind = "http"
+    # The address bind(2) is given: two uses of one port clash only where these overlap on
+    # one machine (pdlaunch.addresses.listeners_clash).
+    bind: str = EVERY_ADDRESS
+
+
+class Listeners:
+    """Ports already taken, per machine, with what each binds: the port-conflict rule and the
+    side-channel allocation ask the same question of it."""
+
+    def __init__(self) -> None:
+        self._by_port: dict[tuple[str, int], list[tuple[str, str, str, PortUse]]] = {}
+
+    def add(self, owner: str, host: str, use: PortUse) -> None:
+        self._by_port.setdefault((host_key(host), use.port), []).append(
+            (owner, host, use.bind, use)
+        )
+
+    def clash(self, host: str, bind: str, port: int) -> tuple[str, PortUse] | None:
+        """The first listener taken before that `bind` on `host` would collide with."""
+        for owner, other_host, other_bind, use in self._by_port.get((host_key(host), port), ()):
+            if listeners_clash(host, bind, other_host, other_bind):
+                return owner, use
+        return None
+
+
+def dp_master_address(inst: Instance) -> str:
+    """--data-parallel-address: the rank-0 front end binds its RPC port there."""
+    return inst.dp.master_address or inst.node_hosts[0]
 
 
 def local_dp_size(inst: Instance) -> int:
@@ -98,45 +130,48 @@ def side_channel_bases(topo: Topology) -> dict[tuple[Role, int], int]:
 
 
 def _side_channel_bases(topo: Topology) -> dict[tuple[Role, int], int]:
-    """Pick each instance's NIXL base port so that instances sharing a host never collide.
+    """Pick each instance's NIXL base port so that no side channel clashes with another
+    listener (same machine, overlapping binds: pdlaunch.addresses.listeners_clash).
 
     An explicit `side_channel_port` is kept as written (the rules report a clash); the
     others take the lowest base at or above the connector's that is free on all their hosts,
     so separate hosts keep the guide's 5600 everywhere.
     """
-    taken: dict[str, set[int]] = {}
+    taken = _fixed_listeners(topo)
     bases: dict[tuple[Role, int], int] = {}
     pending = []
-    fixed = _fixed_ports_by_host(topo)
     for role, i, inst in topo.instances():
         if inst.side_channel_port is not None:
             bases[(role, i)] = inst.side_channel_port
             for n in nodes_of(role, i, inst):
-                taken.setdefault(n.host, set()).update(
-                    _side_channel_ports(inst.side_channel_port, n)
-                )
+                for use in _side_channel_uses(inst.side_channel_port, n, ()):
+                    taken.add(n.name, n.host, use)
         else:
             pending.append((role, i, inst))
     for role, i, inst in pending:
         nodes = nodes_of(role, i, inst)
-        others = {n.host: fixed.get(n.host, set()) for n in nodes}
         base = topo.kv_connector.side_channel_port
         while any(
-            set(_side_channel_ports(base, n)) & (taken.get(n.host, set()) | others[n.host])
+            taken.clash(n.host, use.bind, use.port)
             for n in nodes
+            for use in _side_channel_uses(base, n, ())
         ):
             base += 1
         bases[(role, i)] = base
         for n in nodes:
-            taken.setdefault(n.host, set()).update(_side_channel_ports(base, n))
+            for use in _side_channel_uses(base, n, ()):
+                taken.add(n.name, n.host, use)
     return bases
 
 
-def _fixed_ports_by_host(topo: Topology) -> dict[str, set[int]]:
-    """Ports per host that are not NIXL side channels (so auto bases avoid them too)."""
-    out: dict[str, set[int]] = {topo.router.host: {topo.router.port}}
+def _fixed_listeners(topo: Topology) -> Listeners:
+    """Listeners that are not NIXL side channels (so auto bases avoid them too)."""
+    out = Listeners()
+    for use in router_ports(topo):
+        out.add("router", topo.router.host, use)
     for n in all_nodes(topo):
-        out.setdefault(n.host, set()).update(p.port for p in _fixed_ports(topo, n, {}))
+        for use in _fixed_ports(topo, n):
+            out.add(n.name, n.host, use)
     return out
 
 
@@ -159,18 +194,34 @@ def _mooncake_settings(topo: Topology) -> dict[tuple[Role, int], tuple[int, str]
     return out
 
 
-def _fixed_ports(topo: Topology, node: Node, _: dict) -> list[PortUse]:
+def _fixed_ports(topo: Topology, node: Node) -> list[PortUse]:
     inst, path = node.instance, node.path
     uses: list[PortUse] = []
     if node.serves_http:
-        uses.append(PortUse(inst.port, "HTTP API", (*path, "port"), "http"))
-    # vllm/v1/engine/utils.py:1307-1329: only the start-rank-0 front end binds the RPC port,
-    # and only over TCP when DP spans nodes (one host uses an IPC path).
+        uses.append(PortUse(inst.port, "HTTP API", (*path, "port"), "http", inst.bind))
+    # vllm/v1/engine/utils.py:1307-1329: only the start-rank-0 front end binds the RPC port
+    # (at --data-parallel-address), and only over TCP when DP spans nodes (one host uses an
+    # IPC path).
     if inst.dp.size > 1 and node.is_master and len(inst.node_hosts) > 1:
         uses.append(
-            PortUse(inst.dp.rpc_port, "data-parallel RPC", (*path, "dp", "rpc_port"), "dp_rpc")
+            PortUse(
+                inst.dp.rpc_port,
+                "data-parallel RPC",
+                (*path, "dp", "rpc_port"),
+                "dp_rpc",
+                dp_master_address(inst),
+            )
         )
     return uses
+
+
+def _side_channel_uses(base: int, node: Node, field: FieldPath) -> list[PortUse]:
+    # nixl/base_scheduler.py:348-351 binds tcp://VLLM_NIXL_SIDE_CHANNEL_HOST:port, and the
+    # plan sets that variable to the node's host (nodeenv.py).
+    return [
+        PortUse(port, f"NIXL side channel (DP rank {rank})", field, "nixl_side_channel", node.host)
+        for rank, port in enumerate(_side_channel_ports(base, node), node.start_rank)
+    ]
 
 
 def node_ports(
@@ -179,7 +230,7 @@ def node_ports(
     bases: dict[tuple[Role, int], int],
     mooncake: dict[tuple[Role, int], tuple[int, str]] | None = None,
 ) -> list[PortUse]:
-    uses = _fixed_ports(topo, node, {})
+    uses = _fixed_ports(topo, node)
     key = (node.role, node.index)
     if topo.kv_connector.kind == "nixl":
         field = (
@@ -187,13 +238,11 @@ def node_ports(
             if node.instance.side_channel_port is not None
             else ("kv_connector", "side_channel_port")
         )
-        for rank, port in enumerate(_side_channel_ports(bases[key], node), node.start_rank):
-            uses.append(
-                PortUse(port, f"NIXL side channel (DP rank {rank})", field, "nixl_side_channel")
-            )
+        uses += _side_channel_uses(bases[key], node, field)
     elif mooncake is not None and node.role == "prefill":
         # vllm-ascend mooncake_connector (MooncakeConnectorWorker): the producer's sending
-        # thread listens on kv_port + dp_rank*tp + tp_rank; the consumer only connects.
+        # thread listens on kv_port + dp_rank*tp + tp_rank; the consumer only connects. It
+        # binds the address vLLM finds for the machine (get_ip), not one pdlaunch sets.
         port, _ = mooncake[key]
         field = (
             (*node.path, "kv_port")
@@ -209,20 +258,24 @@ def node_ports(
                         f"Mooncake KV (DP {rank}, TP {tp_rank})",
                         field,
                         "mooncake_kv",
+                        EVERY_ADDRESS,
                     )
                 )
     return uses
 
 
 def router_ports(topo: Topology) -> list[PortUse]:
-    uses = [PortUse(topo.router.port, "router HTTP", ("router", "port"), "router_http")]
-    if topo.router.kind == "vllm-router":
+    r = topo.router
+    uses = [PortUse(r.port, "router HTTP", ("router", "port"), "router_http", r.bind)]
+    if r.kind == "vllm-router":
+        # pdlaunch passes no --prometheus-host: the router's own default decides.
         uses.append(
             PortUse(
-                topo.router.prometheus_port,
+                r.prometheus_port,
                 "router metrics",
                 ("router", "prometheus_port"),
                 "router_metrics",
+                EVERY_ADDRESS,
             )
         )
     return uses

@@ -8,13 +8,15 @@ source and a fix.
 from __future__ import annotations
 
 import re
-import socket
 from collections.abc import Callable
-from functools import lru_cache
-from ipaddress import ip_address
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+# Address predicates live in pdlaunch.addresses (one definition for rules, plan and hosts);
+# is_loopback stays importable from here for nodeenv.py.
+from pdlaunch.addresses import canonical_host
+from pdlaunch.addresses import is_loopback as is_loopback
 
 DeviceKind = Literal["cuda", "hpu", "npu", "cpu"]
 KvLayout = Literal["NHD", "HND"]
@@ -46,52 +48,6 @@ def _check_env(env: dict[str, str]) -> dict[str, str]:
 
 
 EnvMap = dict[str, str]
-
-
-def _ipv4_legacy(host: str) -> bytes | None:
-    """The address the C resolver gives an IPv4 spelling `ipaddress` refuses ("0", "127.1",
-    "0x7f.1", "000.000.000.000"): what a socket would really connect to or bind."""
-    try:
-        return socket.inet_aton(host)
-    except (OSError, ValueError):
-        return None
-
-
-@lru_cache(maxsize=4096)
-def is_loopback(host: str) -> bool:
-    """127.0.0.0/8, ::1 or localhost: one machine, whatever the spelling."""
-    if host.rstrip(".").lower() == "localhost":
-        return True
-    try:
-        return ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        legacy = _ipv4_legacy(host)
-        return legacy is not None and legacy[0] == 127
-
-
-def canonical_host(host: str) -> str:
-    """One spelling per host: DNS names are case-insensitive and a trailing dot names the
-    same host; an IPv6 address has one compressed form."""
-    host = host.strip().rstrip(".").lower()
-    try:
-        return str(ip_address(host.strip("[]")))
-    except ValueError:
-        return host
-
-
-@lru_cache(maxsize=4096)
-def host_key(host: str) -> str:
-    """Where "same host" is decided: every loopback spelling is one machine."""
-    return "localhost" if is_loopback(host) else canonical_host(host)
-
-
-def is_unspecified(host: str) -> bool:
-    """0.0.0.0 / :: (in any spelling: "0", "0x0") mean "every address" to bind(); nobody can
-    dial them."""
-    try:
-        return ip_address(host.strip("[]")).is_unspecified
-    except ValueError:
-        return _ipv4_legacy(host) == b"\0\0\0\0"
 
 
 def _check_host(host: str) -> str:

@@ -9,12 +9,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from pdlaunch import facts
+from pdlaunch.addresses import host_key
 from pdlaunch.devices import profile
 from pdlaunch.load import FieldPath
 from pdlaunch.nodeenv import managed_env
 from pdlaunch.ports import all_nodes
 from pdlaunch.rules.base import NIXL, Finding, error, rule, warning
-from pdlaunch.topology import SECRET_MARK, SECRET_REF, Topology, host_key
+from pdlaunch.topology import SECRET_MARK, SECRET_REF, Topology
 
 GENERATOR = "pdlaunch/facts (scripts/gen_vllm_facts.py)"
 

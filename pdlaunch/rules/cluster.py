@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from pdlaunch.addresses import host_key, is_loopback, is_unspecified
 from pdlaunch.devices import profile
 from pdlaunch.load import FieldPath
 from pdlaunch.ports import (
     SIDE_CHANNEL_SOURCE,
+    Listeners,
     PortUse,
     all_nodes,
     mooncake_settings,
@@ -25,7 +27,7 @@ from pdlaunch.rules.base import (
     rule,
     warning,
 )
-from pdlaunch.topology import Topology, host_key, is_loopback, is_unspecified
+from pdlaunch.topology import Topology
 
 
 @rule("unique-names", "instance and process names are unique", "pdlaunch plan")
@@ -66,49 +68,53 @@ def dp_shape(topo: Topology) -> Iterator[Finding]:
             )
 
 
-@rule("port-conflict", "every listening port on a host is unique and valid", SIDE_CHANNEL_SOURCE)
+@rule("port-conflict", "no two listeners on one machine bind one port", SIDE_CHANNEL_SOURCE)
 def port_conflict(topo: Topology) -> Iterator[Finding]:
+    """Two uses of a port clash only on the same machine with overlapping binds (one address,
+    or either a wildcard): pdlaunch.addresses.listeners_clash, which the side-channel
+    allocation (ports.py) asks too."""
     bases = side_channel_bases(topo)
     mooncake = mooncake_settings(topo)
-    by_host: dict[str, list[tuple[str, PortUse]]] = {}
-    for node in all_nodes(topo):
-        for use in node_ports(topo, node, bases, mooncake):
-            by_host.setdefault(host_key(node.host), []).append((node.name, use))
-    for use in router_ports(topo):
-        by_host.setdefault(host_key(topo.router.host), []).append(("router", use))
-    for host, uses in by_host.items():
-        first: dict[int, tuple[str, PortUse]] = {}
-        for owner, use in uses:
-            port = use.port
-            if port > 65535:
-                yield error(
-                    "port-conflict",
-                    use.field,
-                    f"{owner}: {use.purpose} would be port {port}, beyond 65535",
-                    "lower the base port",
-                    SIDE_CHANNEL_SOURCE,
-                )
-            elif port in first:
-                other, other_use = first[port]
-                yield error(
-                    "port-conflict",
-                    use.field,
-                    f"port {port} on {host} is both {other}'s {other_use.purpose} and "
-                    f"{owner}'s {use.purpose}",
-                    "give one of them another port",
-                    f"{SEED_ASCEND} ('the Port used by each Prefill and Decode instance cannot "
-                    f"conflict'); {SIDE_CHANNEL_SOURCE}",
-                )
-            else:
-                first[port] = (owner, use)
-                if port < 1024:
-                    yield warning(
-                        "port-conflict",
-                        use.field,
-                        f"{owner}: {use.purpose} port {port} is privileged (needs root)",
-                        "use a port >= 1024",
-                        "POSIX: binding below 1024 needs CAP_NET_BIND_SERVICE",
-                    )
+    uses: list[tuple[str, str, PortUse]] = [
+        (node.name, node.host, use)
+        for node in all_nodes(topo)
+        for use in node_ports(topo, node, bases, mooncake)
+    ]
+    uses += [("router", topo.router.host, use) for use in router_ports(topo)]
+    taken = Listeners()
+    for owner, host, use in uses:
+        port = use.port
+        if port > 65535:
+            yield error(
+                "port-conflict",
+                use.field,
+                f"{owner}: {use.purpose} would be port {port}, beyond 65535",
+                "lower the base port",
+                SIDE_CHANNEL_SOURCE,
+            )
+            continue
+        clash = taken.clash(host, use.bind, port)
+        if clash is not None:
+            other, other_use = clash
+            yield error(
+                "port-conflict",
+                use.field,
+                f"port {port} on {host_key(host)} is both {other}'s {other_use.purpose} "
+                f"(bind {other_use.bind}) and {owner}'s {use.purpose} (bind {use.bind})",
+                "give one of them another port (or bind them to different addresses)",
+                f"{SEED_ASCEND} ('the Port used by each Prefill and Decode instance cannot "
+                f"conflict'); {SIDE_CHANNEL_SOURCE}",
+            )
+            continue
+        taken.add(owner, host, use)
+        if port < 1024:
+            yield warning(
+                "port-conflict",
+                use.field,
+                f"{owner}: {use.purpose} port {port} is privileged (needs root)",
+                "use a port >= 1024",
+                "POSIX: binding below 1024 needs CAP_NET_BIND_SERVICE",
+            )
 
 
 def _hccl_ranges(env: dict[str, str]) -> list[tuple[str, range]]:

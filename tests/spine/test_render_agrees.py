@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pdlaunch.addresses import host_key
 from pdlaunch.load import load, load_text
 from pdlaunch.plan import build_plan
 from pdlaunch.render import render_plan
 from pdlaunch.rules import has_errors, validate
-from pdlaunch.topology import host_key
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "topologies").glob("*.yaml"))
