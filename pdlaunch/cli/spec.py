@@ -89,7 +89,8 @@ def plan_cmd(topology: TopologyArg, as_json: JsonOpt = False) -> None:
         for i, line in enumerate(port_lines(p)):
             out.print(f"  {'ports ' if i == 0 else '      '} {line}")
     out.print()
-    out.print(f"[dim]argv, env and log paths: pdlaunch plan {escape(str(topology))} --json[/]")
+    # Not the file's path: it can be long enough to break the 80 columns on its own.
+    out.print("[dim]argv, env, log paths and every port's purpose: pdlaunch plan FILE --json[/]")
 
 
 @app.command("render")

@@ -4,12 +4,16 @@ a traceback."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from pdlaunch.cli import app
+from pdlaunch.cli.spec import PORT_LABELS, compact_ranges
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = ROOT / "topologies" / "local-cpu.yaml"
@@ -169,3 +173,93 @@ def test_committed_schema_is_current():
     # `pdlaunch schema > pdlaunch.schema.json`.
     committed = json.loads((ROOT / "pdlaunch.schema.json").read_text())
     assert committed == json.loads(run("schema").stdout)
+
+
+# -- `plan` in an 80-column terminal ----------------------------------------------------------
+TOPOLOGIES = sorted((ROOT / "topologies").glob("*.yaml"))
+
+
+@pytest.mark.parametrize(
+    "ports, expected",
+    [
+        ([5600, 5601, 5602, 5603], "5600-5603"),
+        ([5603, 5600, 5602, 5601], "5600-5603"),
+        ([5600, 5601, 5603, 8100, 8101], "5600-5601,5603,8100-8101"),
+        ([8100], "8100"),
+        ([8100, 8100], "8100"),
+        ([], ""),
+    ],
+)
+def test_compact_ranges(ports, expected):
+    assert compact_ranges(ports) == expected
+
+
+def _expand(ranges: str) -> set[int]:
+    ports: set[int] = set()
+    for part in ranges.split(","):
+        a, _, b = part.partition("-")
+        ports.update(range(int(a), int(b or a) + 1))
+    return ports
+
+
+def _plan_in_80_columns(path: Path) -> str:
+    # A real process with COLUMNS=80: the consoles read the width when they are created.
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pdlaunch", "plan", str(path)],
+        env={**env, "COLUMNS": "80", "TERM": "xterm-256color", "NO_COLOR": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return proc.stdout
+
+
+def _ports_shown(text: str) -> dict[tuple[str, str], set[int]]:
+    """{(process, port label): ports} read back from `plan`'s port lines."""
+    shown: dict[tuple[str, str], set[int]] = {}
+    process = ""
+    for line in text.splitlines():
+        if line and not line.startswith(" "):
+            process = line.split()[0]
+        words = line.split()
+        if words[:1] == ["ports"]:
+            words = words[1:]
+        if line.startswith("  ") and len(words) == 2 and words[0][0].isdigit():
+            shown[(process, words[1])] = _expand(words[0])
+    return shown
+
+
+@pytest.mark.parametrize("path", TOPOLOGIES, ids=lambda p: p.name)
+def test_plan_fits_80_columns_with_every_port(path):
+    text = _plan_in_80_columns(path)
+    too_long = [line for line in text.splitlines() if len(line) > 80]
+    assert not too_long, "\n".join(too_long)
+    # Every planned port is shown once, under its kind: nothing was lost by compacting.
+    plan = json.loads(run("plan", str(path), "--json").stdout)
+    expected: dict[tuple[str, str], set[int]] = {}
+    for p in plan["processes"]:
+        for port in p["ports"]:
+            key = (p["name"], PORT_LABELS[port["kind"]])
+            expected.setdefault(key, set()).add(port["port"])
+    assert _ports_shown(text) == expected
+
+
+def test_plan_multi_rank_side_channel_is_one_line():
+    text = _plan_in_80_columns(ROOT / "topologies" / "gb200-xpyd.yaml")
+    lines = [line.strip() for line in text.splitlines()]
+    # GB200 guide: DP 8 over two nodes, 4 local ranks each, side channel 5600 + DP rank.
+    assert "ports  8087 http" in lines
+    assert "5600-5603 nixl" in lines and "5604-5607 nixl" in lines
+    assert "13345 dp_rpc" in lines
+    assert len(text.splitlines()) < 60
+
+
+def test_plan_json_keeps_argv_and_env():
+    data = json.loads(run("plan", str(ROOT / "topologies" / "gb200-xpyd.yaml"), "--json").stdout)
+    prefill = data["processes"][0]
+    assert prefill["argv"][:2] == ["vllm", "serve"]
+    assert prefill["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
+    assert [p["kind"] for p in prefill["ports"]].count("nixl_side_channel") == 4

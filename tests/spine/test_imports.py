@@ -1,0 +1,241 @@
+"""Every pdlaunch module imports on its own, and the CLI's imports point only down.
+
+A module that only imports after some other module was imported first (an import cycle
+broken by import order, a name another module injects) works in the full CLI and fails
+the day someone imports it directly. Each module is therefore imported in a process of its
+own. To stay fast on a 2-core machine, one driver process imports the third-party
+libraries pdlaunch uses (never a pdlaunch module) and forks a child per module: each child
+starts from the same pdlaunch-free state a fresh interpreter has, and imports one module.
+
+The control host never imports torch, vLLM or NIXL (README): every module but the node-only
+KV connector code must import without pulling them in.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Loaded by vLLM on prefill nodes through kv_connector_module_path (pdlaunch/kv/__init__.py):
+# they import torch (and vLLM, NIXL) at the top on purpose.
+NODE_ONLY = {"pdlaunch.kv.blocks", "pdlaunch.kv.connector"}
+HEAVY = ("torch", "vllm", "nixl")
+
+# Imported by the driver before forking, only to save each child the time: a child still
+# runs every import statement of its module, so a missing dependency still fails it.
+PRELOAD = (
+    "click",
+    "fabric",
+    "invoke",
+    "jinja2",
+    "paramiko",
+    "pydantic",
+    "rich.console",
+    "rich.live",
+    "rich.markup",
+    "rich.table",
+    "rich.text",
+    "typer",
+    "typer.testing",
+    "yaml",
+)
+
+DRIVER = textwrap.dedent(
+    """
+    import importlib, json, os, sys, traceback
+    modules, preload, heavy, prefix = json.loads(sys.argv[1])
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass  # a child that needs it reports the failure itself
+    loaded = sorted(m for m in sys.modules if m == prefix or m.startswith(prefix + "."))
+    if loaded:
+        sys.exit(f"the driver imported {loaded} before forking")
+    failures = {}
+    for module in modules:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            try:
+                importlib.import_module(module)
+                pulled = sorted(h for h in heavy if h in sys.modules)
+                msg = f"pulls in {pulled} (the control host never imports them)" if pulled else ""
+            except BaseException:
+                msg = traceback.format_exc()
+            os.write(w, msg.encode())
+            os._exit(0)
+        os.close(w)
+        chunks = []
+        while chunk := os.read(r, 65536):
+            chunks.append(chunk)
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+        msg = b"".join(chunks).decode()
+        if status != 0 and not msg:
+            msg = f"the child exited with status {status}"
+        if msg:
+            failures[module] = msg
+    print(json.dumps(failures))
+    """
+)
+
+
+def package_modules(root: Path, package: str) -> list[str]:
+    """Every module of ``package`` under ``root``, descending only into real packages (a
+    directory with ``__init__.py``), as an installed wheel would have them."""
+    found: list[str] = []
+
+    def walk(directory: Path, dotted: str) -> None:
+        found.append(dotted)
+        for path in sorted(directory.iterdir()):
+            if path.is_dir() and (path / "__init__.py").is_file():
+                walk(path, f"{dotted}.{path.name}")
+            elif path.suffix == ".py" and path.name != "__init__.py":
+                found.append(f"{dotted}.{path.stem}")
+
+    walk(root / package, package)
+    return found
+
+
+def import_each_alone(
+    modules: list[str], *, prefix: str, cwd: Path, preload: tuple[str, ...] = PRELOAD
+) -> dict[str, str]:
+    """{module: why it failed} for each module that does not import on its own."""
+    arg = json.dumps([modules, list(preload), list(HEAVY), prefix])
+    proc = subprocess.run(
+        [sys.executable, "-c", DRIVER, arg],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_every_module_imports_alone():
+    modules = package_modules(ROOT, "pdlaunch")
+    assert set(modules) >= NODE_ONLY, "NODE_ONLY names a module that no longer exists"
+    # `python -m` modules run the CLI only under __main__, so importing them is harmless.
+    assert {"pdlaunch.__main__", "pdlaunch.cli.__main__", "pdlaunch.cli.app"} <= set(modules)
+    failures = import_each_alone(
+        [m for m in modules if m not in NODE_ONLY], prefix="pdlaunch", cwd=ROOT
+    )
+    assert not failures, "\n\n".join(f"{m}:\n{why}" for m, why in failures.items())
+
+
+def test_harness_reports_a_module_that_needs_another_imported_first(tmp_path):
+    # Negative control: a cycle that works from one side only. Importing `cyc.a` first runs
+    # b, which finds `a` half-initialised without A; importing `cyc.b` first works.
+    pkg = tmp_path / "cyc"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from cyc.b import B\nA = 1\n")
+    (pkg / "b.py").write_text("B = 2\nfrom cyc.a import A\n")
+    (pkg / "heavy.py").write_text(
+        "import json as torch\nimport sys\nsys.modules['torch'] = torch\n"
+    )
+    failures = import_each_alone(
+        package_modules(tmp_path, "cyc"), prefix="cyc", cwd=tmp_path, preload=()
+    )
+    assert set(failures) == {"cyc.a", "cyc.heavy"}, failures
+    assert "partially initialized" in failures["cyc.a"]
+    assert "pulls in ['torch']" in failures["cyc.heavy"]
+
+
+# -- the CLI's layers -------------------------------------------------------------------------
+CLI = "pdlaunch.cli"
+# A module may import only modules of a lower layer: the app and the shared options know no
+# command; commands know the app, the options and the shared reports, never each other; only
+# the package root (and `python -m`) gathers the commands.
+LAYERS = {
+    "app": 0,
+    "options": 0,
+    "reports": 1,
+    "spec": 2,
+    "launch": 2,
+    "check": 2,
+    "bench": 2,
+    "__init__": 3,
+    "__main__": 4,
+}
+COMMAND_MODULES = {name for name, layer in LAYERS.items() if layer == 2}
+
+
+def cli_imports(name: str, source: str, submodules: set[str]) -> set[str]:
+    """The ``pdlaunch.cli`` submodules (short names) that the module ``name`` imports."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # every module here, the root included, lives in pdlaunch.cli
+                parts = CLI.split(".")[: 2 - (node.level - 1)]
+                base = ".".join([*parts, *([base] if base else [])])
+            # `from pdlaunch.cli import launch` imports a submodule by its attribute name.
+            targets = [base, *(f"{base}.{a.name}" for a in node.names)]
+        else:
+            continue
+        for target in targets:
+            if target.startswith(CLI + "."):
+                short = target[len(CLI) + 1 :].split(".")[0]
+                if short in submodules:
+                    found.add(short)
+    found.discard(name)
+    return found
+
+
+def upward_imports(sources: dict[str, str]) -> list[str]:
+    """Every import in ``sources`` ({short name: source}) that does not point down a layer."""
+    problems = [
+        f"pdlaunch/cli/{name}.py has no layer in LAYERS (decide where it belongs)"
+        for name in sources
+        if name not in LAYERS
+    ]
+    for name, source in sources.items():
+        for target in sorted(cli_imports(name, source, set(sources))):
+            if name in LAYERS and target in LAYERS and LAYERS[target] >= LAYERS[name]:
+                problems.append(f"pdlaunch.cli.{name} imports pdlaunch.cli.{target}")
+    return problems
+
+
+def cli_sources() -> dict[str, str]:
+    return {p.stem: p.read_text() for p in sorted((ROOT / "pdlaunch" / "cli").glob("*.py"))}
+
+
+def test_cli_imports_point_only_down():
+    sources = cli_sources()
+    assert set(sources) >= COMMAND_MODULES
+    assert upward_imports(sources) == []
+    assert not cli_imports("app", sources["app"], set(sources)) & COMMAND_MODULES
+    # The root is what registers the commands: it must import every one of them.
+    assert cli_imports("__init__", sources["__init__"], set(sources)) >= COMMAND_MODULES
+
+
+@pytest.mark.parametrize(
+    "module, line, target",
+    [
+        ("app", "from pdlaunch.cli import launch", "launch"),
+        ("app", "from .spec import plan_cmd", "spec"),
+        ("app", "import pdlaunch.cli.bench", "bench"),
+        ("check", "from pdlaunch.cli.launch import resolve_deployment", "launch"),
+        ("options", "from pdlaunch.cli.app import app", "app"),
+        ("reports", "from . import check", "check"),
+    ],
+)
+def test_upward_import_is_reported(module, line, target):
+    sources = cli_sources()
+    assert upward_imports(sources) == []
+    sources[module] += "\n" + line + "\n"
+    assert f"pdlaunch.cli.{module} imports pdlaunch.cli.{target}" in upward_imports(sources)
