@@ -5,9 +5,8 @@ the agreed block size, and who has to post-process what. Pure functions.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import reduce
-from math import gcd
 
+from pdlaunch import kv as kv_extension
 from pdlaunch.devices import profile
 from pdlaunch.topology import Instance, Role, Topology
 
@@ -41,7 +40,7 @@ def block_size_pinned(topo: Topology, inst: Instance) -> bool:
 def _agreed(topo: Topology) -> int:
     if topo.kv_connector.agreed_block_size != "auto":
         return int(topo.kv_connector.agreed_block_size)
-    return reduce(gcd, (block_size(x) for _, _, x in topo.instances()))
+    return kv_extension.agreed_block_size(block_size(x) for _, _, x in topo.instances())
 
 
 def agreed_block_size(topo: Topology) -> int:

@@ -8,6 +8,8 @@ prefill nodes, by vLLM itself through ``kv_connector_module_path``.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from typing import Any
 
 #: Value for ``kv_connector_module_path`` in ``--kv-transfer-config``.
@@ -24,6 +26,20 @@ KEY_DECODE_KV_LAYOUT = "decode_kv_layout"
 TESTED_VLLM_VERSIONS = ("0.32.0",)
 
 
+def agreed_block_size(sizes: Iterable[int]) -> int:
+    """The block size every prefill and decode block is a multiple of: their GCD.
+
+    The one definition for the control host (pdlaunch.kvgeometry) and the connector inside
+    vLLM (which derives it when the config leaves it out), so the two cannot disagree.
+    """
+    values = [int(s) for s in sizes]
+    if not values:
+        raise ValueError("no block sizes to agree on")
+    if any(s <= 0 for s in values):
+        raise ValueError(f"block sizes must be positive, got {values}")
+    return math.gcd(*values)
+
+
 def prefill_kv_transfer_config(
     *,
     agreed_block_size: int,
@@ -31,11 +47,12 @@ def prefill_kv_transfer_config(
     decode_kv_layout: str = "HND",
     kv_role: str = "kv_producer",
     kv_buffer_device: str | None = None,
+    load_failure_policy: str | None = None,
+    enable_permute_local_kv: bool = False,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``--kv-transfer-config`` dict for a prefill instance using the extension.
-
-    Pure Python (no torch/vLLM): the launcher's plan calls it on the control host.
+    """The ``--kv-transfer-config`` dict for a prefill instance using the extension: the one
+    builder, called by the launcher's plan on the control host (pure Python, no torch/vLLM).
     """
     sizes = (
         [decode_block_sizes] if isinstance(decode_block_sizes, int) else list(decode_block_sizes)
@@ -48,14 +65,15 @@ def prefill_kv_transfer_config(
             KEY_DECODE_KV_LAYOUT: decode_kv_layout,
         }
     )
-    config: dict[str, Any] = {
-        "kv_connector": CONNECTOR_CLASS,
-        "kv_connector_module_path": CONNECTOR_MODULE_PATH,
-        "kv_role": kv_role,
-        "kv_connector_extra_config": extra_config,
-    }
+    config: dict[str, Any] = {"kv_connector": CONNECTOR_CLASS, "kv_role": kv_role}
     if kv_buffer_device is not None:
         config["kv_buffer_device"] = kv_buffer_device
+    config["kv_connector_module_path"] = CONNECTOR_MODULE_PATH
+    if load_failure_policy:
+        config["kv_load_failure_policy"] = load_failure_policy
+    if enable_permute_local_kv:
+        config["enable_permute_local_kv"] = True
+    config["kv_connector_extra_config"] = extra_config
     return config
 
 
@@ -66,5 +84,6 @@ __all__ = [
     "KEY_DECODE_BLOCK_SIZES",
     "KEY_DECODE_KV_LAYOUT",
     "TESTED_VLLM_VERSIONS",
+    "agreed_block_size",
     "prefill_kv_transfer_config",
 ]

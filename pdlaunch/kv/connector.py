@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -71,6 +70,7 @@ from pdlaunch.kv import (
     KEY_DECODE_BLOCK_SIZES,
     KEY_DECODE_KV_LAYOUT,
     TESTED_VLLM_VERSIONS,
+    agreed_block_size,
 )
 from pdlaunch.kv import blocks as kvblocks
 
@@ -293,7 +293,8 @@ def check_config(
     if block_size is None:
         errors.append("set --block-size explicitly on the prefill instance")
     elif agreed is None and decode_sizes:
-        agreed = math.gcd(int(block_size), *decode_sizes)
+        # Non-positive decode sizes are refused below, with the rest.
+        agreed = agreed_block_size([int(block_size), *(s for s in decode_sizes if s > 0)])
     if agreed is None:
         errors.append(
             f"set kv_connector_extra_config.{KEY_AGREED_BLOCK_SIZE} (the GCD of the prefill "
@@ -320,7 +321,8 @@ def check_config(
                     f"decode block size(s) {bad} are not multiples of "
                     f"{KEY_AGREED_BLOCK_SIZE}={agreed}: stock decode only merges "
                     f"sub-blocks into larger blocks; use {KEY_AGREED_BLOCK_SIZE}="
-                    f"{math.gcd(agreed, *bad)} or change the decode --block-size"
+                    f"{agreed_block_size([agreed, *(s for s in bad if s > 0)])} or change the "
+                    "decode --block-size"
                 )
     layout = _layout_arg(extra.get(KEY_DECODE_KV_LAYOUT))
     if layout is None:

@@ -30,8 +30,15 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.request import Request, RequestStatus
 
 import pdlaunch.kv.connector as conn
-from pdlaunch.kv import CONNECTOR_CLASS, CONNECTOR_MODULE_PATH, prefill_kv_transfer_config
+from pdlaunch import kvgeometry
+from pdlaunch.kv import (
+    CONNECTOR_CLASS,
+    CONNECTOR_MODULE_PATH,
+    agreed_block_size,
+    prefill_kv_transfer_config,
+)
 from pdlaunch.kv import blocks as kb
+from pdlaunch.load import load_text
 
 BLOCK, AGREED = 128, 16
 LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
@@ -96,6 +103,35 @@ def test_valid_config_settings():
         kv_connector_extra_config={"decode_block_sizes": [32, 48]},
     )
     assert conn.check_config(vllm_config(ktc=ktc), device_type="cuda").agreed_block_size == 16
+
+
+@pytest.mark.parametrize(("block", "decodes"), [(128, [32, 48]), (96, [64]), (128, [16, 128])])
+def test_derived_agreed_is_the_plans(block, decodes):
+    # Inside vLLM the connector derives the agreed size when the config leaves it out; the plan
+    # derives it on the control host. One helper (pdlaunch.kv.agreed_block_size) serves both.
+    ktc = KVTransferConfig(
+        kv_connector=CONNECTOR_CLASS,
+        kv_connector_module_path=CONNECTOR_MODULE_PATH,
+        kv_role="kv_producer",
+        kv_buffer_device="cuda",
+        kv_connector_extra_config={"decode_block_sizes": decodes},
+    )
+    cfg = vllm_config(block_size=block, ktc=ktc)
+    derived = conn.check_config(cfg, device_type="cuda").agreed_block_size
+    decode = "".join(
+        f"  - {{host: d{i}, device: cuda, block_size: {b}}}\n" for i, b in enumerate(decodes)
+    )
+    topo, _ = load_text(
+        "deployment: t\nmodel: {name: m}\nrouter: {host: r}\n"
+        f"prefill:\n  - {{host: p, device: hpu, block_size: {block}}}\ndecode:\n{decode}",
+        "t.yaml",
+    )
+    assert derived == kvgeometry.agreed_block_size(topo) == agreed_block_size([block, *decodes])
+
+
+def test_non_positive_decode_size_is_refused_not_raised():
+    msg = refusal(vllm_config(decode_block_sizes=[0, 24], agreed_block_size=None))
+    assert "[0]" in msg and "agreed_block_size=8" in msg
 
 
 # --- start-up refusals ---------------------------------------------------------
