@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+# The KV extension's root imports no torch/vLLM: its config builder runs here.
 from pdlaunch import kv as kv_extension
 from pdlaunch import kvgeometry as kv
 from pdlaunch.addresses import host_key, is_local_control_host
@@ -29,11 +30,6 @@ from pdlaunch.ports import (
     side_channel_bases,
 )
 from pdlaunch.topology import SECRET_REF, DeviceKind, HostSettings, Instance, Ssh, Topology
-
-# The KV extension inside this package (pdlaunch/kv/connector.py), loaded by vLLM on the
-# prefill nodes through kv_connector_module_path. pdlaunch.kv's root imports no torch/vLLM.
-KV_EXTENSION_MODULE = kv_extension.CONNECTOR_MODULE_PATH
-KV_EXTENSION_CLASS = kv_extension.CONNECTOR_CLASS
 
 ProcessRole = Literal["prefill", "decode", "router"]
 
@@ -175,32 +171,36 @@ def kv_transfer_config(topo: Topology, node: Node) -> dict[str, Any]:
         if kvc.mooncake.module_path:
             cfg["kv_connector_module_path"] = kvc.mooncake.module_path
         return cfg
-    reblock = node.role == "prefill" and kv.prefill_kv(topo, inst).reblock
-    cfg = {
-        "kv_connector": KV_EXTENSION_CLASS if reblock else "NixlConnector",
-        "kv_role": _nixl_role(kvc.kv_role, node.role),
-        "kv_buffer_device": buffer,
-    }
-    if reblock:
-        cfg["kv_connector_module_path"] = KV_EXTENSION_MODULE
-    if kvc.load_failure_policy:
-        cfg["kv_load_failure_policy"] = kvc.load_failure_policy
-    if reblock or kv.needs_permute(topo, node.role, inst):
-        cfg["enable_permute_local_kv"] = True
+    role = _nixl_role(kvc.kv_role, node.role)
     extra: dict[str, Any] = {}
     compat = kvc.enforce_handshake_compat
     if compat is None and kv.heterogeneous_devices(topo):
         compat = False
     if compat is not None:
         extra["enforce_handshake_compat"] = compat
+    adv = kv.prefill_kv(topo, inst)
+    if node.role == "prefill" and adv.reblock:
+        if kvc.kv_lease_duration:
+            extra["kv_lease_duration"] = kvc.kv_lease_duration
+        return kv_extension.prefill_kv_transfer_config(
+            agreed_block_size=kv.agreed_block_size(topo),
+            decode_block_sizes=sorted({kv.block_size(d) for d in topo.decode}),
+            decode_kv_layout=adv.layout,
+            kv_role=role,
+            kv_buffer_device=buffer,
+            load_failure_policy=kvc.load_failure_policy,
+            enable_permute_local_kv=True,
+            extra=extra,
+        )
+    cfg = {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": buffer}
+    if kvc.load_failure_policy:
+        cfg["kv_load_failure_policy"] = kvc.load_failure_policy
+    if kv.needs_permute(topo, node.role, inst):
+        cfg["enable_permute_local_kv"] = True
     if kv.heterogeneous_blocks(topo) or kvc.agreed_block_size != "auto":
-        extra["agreed_block_size"] = kv.agreed_block_size(topo)
+        extra[kv_extension.KEY_AGREED_BLOCK_SIZE] = kv.agreed_block_size(topo)
     if kvc.kv_lease_duration:
         extra["kv_lease_duration"] = kvc.kv_lease_duration
-    if reblock:
-        adv = kv.prefill_kv(topo, inst)
-        extra[kv_extension.KEY_DECODE_BLOCK_SIZES] = sorted({kv.block_size(d) for d in topo.decode})
-        extra[kv_extension.KEY_DECODE_KV_LAYOUT] = adv.layout
     if extra:
         cfg["kv_connector_extra_config"] = extra
     return cfg

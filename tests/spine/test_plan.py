@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pdlaunch.kv import CONNECTOR_CLASS, CONNECTOR_MODULE_PATH
 from pdlaunch.load import load, load_text
-from pdlaunch.plan import KV_EXTENSION_CLASS, KV_EXTENSION_MODULE, build_plan
+from pdlaunch.plan import build_plan
 from pdlaunch.render import render_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,8 +44,8 @@ def test_gaudi_prefill_uses_extension_and_agreed_16():
     p, d = plan.by_role("prefill")[0], plan.by_role("decode")[0]
     assert plan.agreed_block_size == 16
     cfg = kv_config(p)
-    assert cfg["kv_connector"] == KV_EXTENSION_CLASS
-    assert cfg["kv_connector_module_path"] == KV_EXTENSION_MODULE
+    assert cfg["kv_connector"] == CONNECTOR_CLASS
+    assert cfg["kv_connector_module_path"] == CONNECTOR_MODULE_PATH
     assert cfg["kv_connector_extra_config"] == {
         "enforce_handshake_compat": False,
         "agreed_block_size": 16,
