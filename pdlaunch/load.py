@@ -20,6 +20,12 @@ FieldPath = tuple[str | int, ...]
 MAX_BYTES = 4 * 1024 * 1024
 
 
+def where(file: str, line: int | None, field: str) -> str:
+    """`file:line field`: how load problems and rule findings point at their place."""
+    loc = f"{file}:{line}" if line else file
+    return f"{loc} {field}".strip()
+
+
 @dataclass(frozen=True)
 class Problem:
     file: str
@@ -28,8 +34,7 @@ class Problem:
     message: str
 
     def where(self) -> str:
-        loc = f"{self.file}:{self.line}" if self.line else self.file
-        return f"{loc} {self.field}".rstrip()
+        return where(self.file, self.line, self.field)
 
 
 class LoadError(Exception):

@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Literal
 
 import torch
 
-Layout = Literal["NHD", "HND"]
 LAYOUTS: tuple[str, ...] = ("NHD", "HND")
 
 # vLLM 0.32 spells the two per-layer layouts by their 5-D stride order.

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from pdlaunch.load import FieldPath, Source, dotted
-from pdlaunch.topology import Instance, Role, Topology, instance_name
+from pdlaunch.load import FieldPath, Source, dotted, where
+from pdlaunch.topology import Topology
 
 Severity = Literal["error", "warning"]
 NIXL = "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py"
@@ -36,8 +36,7 @@ class Finding:
 
     @property
     def where(self) -> str:
-        loc = f"{self.file}:{self.line}" if self.line else self.file
-        return f"{loc} {dotted(self.field)}".strip()
+        return where(self.file, self.line, dotted(self.field))
 
 
 @dataclass(frozen=True)
@@ -65,10 +64,6 @@ def error(rule_id: str, field: FieldPath, message: str, fix: str, source: str) -
 
 def warning(rule_id: str, field: FieldPath, message: str, fix: str, source: str) -> Finding:
     return Finding(rule_id, "warning", field, message, fix, source)
-
-
-def display_name(role: Role, i: int, inst: Instance) -> str:
-    return instance_name(role, i, inst)
 
 
 def check(topo: Topology) -> list[Finding]:

@@ -14,11 +14,10 @@ from pdlaunch.rules.base import (
     SEED_HETERO,
     SEED_PR,
     Finding,
-    display_name,
     error,
     rule,
 )
-from pdlaunch.topology import Instance, Topology
+from pdlaunch.topology import Instance, Topology, instance_name
 
 
 def _pairs(topo: Topology) -> Iterator[tuple[int, Instance, kv.PrefillKv, int, Instance]]:
@@ -50,7 +49,7 @@ def same_model(topo: Topology) -> Iterator[Finding]:
                     yield error(
                         "same-model",
                         (role, i, attr),
-                        f"{display_name(role, i, inst)} uses {attr} {getattr(inst, attr)!r} but "
+                        f"{instance_name(role, i, inst)} uses {attr} {getattr(inst, attr)!r} but "
                         f"others use {default!r}: decode would read KV bytes it cannot "
                         "interpret",
                         f"use one {attr} for every instance (set model.{attr})",
@@ -77,8 +76,8 @@ def connector_device(topo: Topology) -> Iterator[Finding]:
             yield error(
                 "connector-device",
                 (role, i, "device"),
-                f"{display_name(role, i, inst)} runs on {inst.device}, which does not move KV with "
-                f"the {kind} connector",
+                f"{instance_name(role, i, inst)} runs on {inst.device}, which does not move KV "
+                f"with the {kind} connector",
                 f"use kv_connector.kind: {sorted(prof.connectors)[0]} for {inst.device} "
                 "instances (and the same device family on both sides)",
                 prof.source,
@@ -130,7 +129,7 @@ def agreed_block_size(topo: Topology) -> Iterator[Finding]:
             yield error(
                 "agreed-block-size",
                 field if explicit else (role, i, "block_size"),
-                f"agreed block size {agreed} does not divide {display_name(role, i, inst)}'s "
+                f"agreed block size {agreed} does not divide {instance_name(role, i, inst)}'s "
                 f"block size {size}",
                 "set agreed_block_size to the GCD of all block sizes (or `auto`)",
                 source,
@@ -215,7 +214,7 @@ def decode_prefix_caching(topo: Topology) -> Iterator[Finding]:
             yield error(
                 "decode-prefix-caching",
                 ("decode", i, "prefix_caching"),
-                f"{display_name('decode', i, inst)} merges prefill blocks of another size on "
+                f"{instance_name('decode', i, inst)} merges prefill blocks of another size on "
                 "receive; a prefix-cache hit trims the remote block list from its end and "
                 "pairs the wrong sub-blocks",
                 "set prefix_caching: false on this decode (or leave it out: pdlaunch turns it off)",
@@ -236,8 +235,8 @@ def block_direction(topo: Topology) -> Iterator[Finding]:
             yield error(
                 "block-direction",
                 ("decode", di, "block_size"),
-                f"{display_name('decode', di, d)} block {kv.block_size(d)} is not a multiple of "
-                f"the block {adv.block_size} that {display_name('prefill', pi, p)} advertises",
+                f"{instance_name('decode', di, d)} block {kv.block_size(d)} is not a multiple of "
+                f"the block {adv.block_size} that {instance_name('prefill', pi, p)} advertises",
                 "use block sizes where decode is a multiple of the agreed size",
                 f"{KV_UTILS}:516 ('Local block size ... is not divisible'); {NIXL}:2727",
             )
@@ -247,7 +246,7 @@ def block_direction(topo: Topology) -> Iterator[Finding]:
 def tp_order(topo: Topology) -> Iterator[Finding]:
     for pi, p, _adv, di, d in _pairs(topo):
         where = ("prefill", pi, "tp")
-        prefill, decode = display_name("prefill", pi, p), display_name("decode", di, d)
+        prefill, decode = instance_name("prefill", pi, p), instance_name("decode", di, d)
         pair = f"{prefill} (TP {p.tp}) -> {decode} (TP {d.tp})"
         if topo.kv_connector.kind == "mooncake":
             if p.tp < d.tp:
@@ -291,9 +290,9 @@ def tp_layout(topo: Topology) -> Iterator[Finding]:
             yield error(
                 "tp-layout",
                 ("prefill", pi, "kv_layout"),
-                f"{display_name('prefill', pi, p)} (TP {p.tp}) and {display_name('decode', di, d)} "
-                f"(TP {d.tp}) differ in TP, so decode reads a slice of the heads, which "
-                "needs head-contiguous (HND) pages on prefill",
+                f"{instance_name('prefill', pi, p)} (TP {p.tp}) and "
+                f"{instance_name('decode', di, d)} (TP {d.tp}) differ in TP, so decode reads a "
+                "slice of the heads, which needs head-contiguous (HND) pages on prefill",
                 "use kv_layout: HND on prefill, or equal TP sizes",
                 f"{NIXL}:2536-2546 ('Heterogeneous TP head-dimension splitting requires "
                 "contiguous heads')",
@@ -335,7 +334,7 @@ def handshake_compat(topo: Topology) -> Iterator[Finding]:
                     "handshake-compat",
                     ("kv_connector", "kv_buffer_device"),
                     f"kv_buffer_device {kvc.kv_buffer_device} does not match "
-                    f"{display_name(role, i, inst)}'s device {inst.device}",
+                    f"{instance_name(role, i, inst)}'s device {inst.device}",
                     "use kv_buffer_device: auto (each instance gets its own device)",
                     SEED_HETERO,
                 )
