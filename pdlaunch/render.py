@@ -15,6 +15,7 @@ from pathlib import Path
 import jinja2
 
 from pdlaunch import __version__
+from pdlaunch.fsutil import atomic_write
 from pdlaunch.plan import Plan
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -107,9 +108,6 @@ def write_files(files: list[RenderedFile], out_dir: Path) -> list[Path]:
     written = []
     for f in files:
         path = out_dir / f.name
-        tmp = path.with_name(f".{f.name}.tmp")
-        tmp.write_text(f.content, encoding="utf-8")
-        tmp.chmod(0o755 if f.executable else 0o644)
-        tmp.replace(path)
+        atomic_write(path, f.content, 0o755 if f.executable else 0o644)
         written.append(path)
     return written
