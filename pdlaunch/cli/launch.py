@@ -309,10 +309,12 @@ def down_cmd(
     connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
     plan = None
     try:
-        recorded = load_state(deployment) is not None
+        readable = load_state(deployment) is not None
     except StateError:
-        recorded = True  # launch.down reports the unreadable state
-    if not recorded and target is not None and Path(target).is_file():
+        # A damaged record: with the topology file, launch.down finds the processes by
+        # their pid files instead; without it, it says so.
+        readable = False
+    if not readable and target is not None and Path(target).is_file():
         plan = plan_or_exit(Path(target), as_json)
     reporter = RichReporter(err, enabled=False)
     try:
@@ -372,7 +374,7 @@ def status_cmd(
             known_hosts=connect.known_hosts,
             ssh_config=connect.ssh_config,
         )
-    except StateError as exc:
+    except (launch.LaunchError, StateError, HostError) as exc:
         failed(str(exc))
     if state is None:
         if as_json:
