@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdlaunch import kvgeometry as kv
+from pdlaunch.addresses import host_key
 from pdlaunch.devices import PROFILES, profile
 from pdlaunch.ports import Node, all_nodes, side_channel_bases
 from pdlaunch.topology import Topology, is_loopback
@@ -38,9 +39,10 @@ def _default_cpu_cores(topo: Topology) -> dict[str, list[int]]:
     out = {}
     for n in all_nodes(topo):
         if n.instance.device == "cpu":
-            start = next_core.get(n.host, 0)
+            machine = host_key(n.host)  # localhost and 127.0.0.1 share their cores
+            start = next_core.get(machine, 0)
             out[n.name] = list(range(start, start + n.device_count))
-            next_core[n.host] = start + n.device_count
+            next_core[machine] = start + n.device_count
     return out
 
 

@@ -13,12 +13,12 @@ import fcntl
 import hashlib
 import json
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pdlaunch.fsutil import atomic_write
 from pdlaunch.render import RenderedFile
 
 STATE_DIR_ENV = "PDLAUNCH_STATE_DIR"
@@ -153,11 +153,8 @@ def save_state(state: DeploymentState) -> Path:
     state.updated_at = time.time()
     try:
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".state.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(state.to_json(), f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, d / STATE_FILE)
+        text = json.dumps(state.to_json(), indent=2, sort_keys=True) + "\n"
+        atomic_write(d / STATE_FILE, text, mode=0o600)
     except OSError as exc:
         raise StateError(f"cannot write state in {d}: {exc}") from None
     return d / STATE_FILE

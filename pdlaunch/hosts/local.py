@@ -7,9 +7,10 @@ import os
 import select
 import signal
 import subprocess
-import tempfile
 import threading
 import time
+
+from pdlaunch.fsutil import atomic_write
 
 from .base import (
     CommandResult,
@@ -117,24 +118,13 @@ class LocalHost(Host):
     ) -> None:
         data = _content_bytes(source)
         path = os.path.join(_home(), os.path.expanduser(os.fspath(remote_path)))
-        parent = os.path.dirname(path) or "."
-        tmp = None
         try:
-            os.makedirs(parent, exist_ok=True)
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             if os.path.isdir(path):
                 raise IsADirectoryError(path)
-            fd, tmp = tempfile.mkstemp(dir=parent, prefix=".pdlaunch-put.")  # created 0600
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                os.fchmod(f.fileno(), mode)
-            os.replace(tmp, path)
-            tmp = None
+            atomic_write(path, data, mode=mode)
         except OSError as e:
             raise HostError(f"{self.name}: cannot write {remote_path}: {e}", host=self.name) from e
-        finally:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
 
     def _proc_stat(self, pid: int) -> list[str] | None:
         pid = _check_pid(pid)

@@ -152,3 +152,15 @@ def test_local_control_host_is_a_loopback_subset():
     assert is_local_control_host("127.0.0.1") and is_local_control_host("::1")
     assert not is_local_control_host("127.0.0.2") and is_loopback("127.0.0.2")
     assert all(is_loopback(h) for h in SPELLINGS if is_local_control_host(h))
+
+
+def test_cpu_cores_are_shared_by_every_spelling_of_one_machine():
+    # localhost and 127.0.0.1 are one machine: their CPU instances must not both get core 0.
+    data = topology({"host": "localhost"}, {"host": "127.0.0.1"})
+    topo, _ = load_text(yaml.safe_dump(data, sort_keys=False), "t.yaml")
+    binds = {
+        p.name: p.env.get("VLLM_CPU_OMP_THREADS_BIND")
+        for p in build_plan(topo).processes
+        if p.role != "router"
+    }
+    assert binds["prefill-0"] != binds["decode-0"], binds
