@@ -225,19 +225,16 @@ def up_cmd(
     """Start the deployment on every host, wait for health, check one request, record it."""
     plan = plan_or_exit(topology, as_json)
     connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
-    # Preflight only a deployment that is not already recorded: a running one holds its own
-    # ports, which the port probe would report as taken.
-    if not skip_check and load_state(plan.deployment) is None:
-        _preflight(plan, connect, as_json)
     opts = launch.UpOptions(
         timeout=timeout,
         canary=canary,
         replace=replace,
-        accept_new_host_keys=connect.accept_new_host_keys,
-        known_hosts=connect.known_hosts,
-        ssh_config=connect.ssh_config,
+        connect=connect,
         stop_grace=grace,
         topology_path=str(topology.resolve()),
+        # `up` runs it once it has proven nothing of the deployment runs (a running one
+        # holds its own ports, which the port probe would report as taken).
+        preflight=None if skip_check else lambda: _preflight(plan, connect, as_json),
     )
     reporter = RichReporter(err, enabled=not as_json)
     try:
@@ -246,6 +243,8 @@ def up_cmd(
     except (launch.LaunchError, StateError, HostError) as exc:
         if as_json:
             print_json(_failure_json(exc))
+        elif isinstance(exc, launch.Interrupted):
+            _print_failure(exc)  # its message says what was rolled back and what is left
         elif isinstance(exc, launch.LaunchError):
             _print_failure(exc)
             if exc.rolled_back:
@@ -254,10 +253,8 @@ def up_cmd(
                 err.print("nothing was started")
         else:
             print_error(str(exc))
-        raise typer.Exit(EXIT_FAILED) from None
-    except KeyboardInterrupt:
-        err.print("[red]interrupted: everything this run started was stopped[/]")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        code = EXIT_INTERRUPTED if isinstance(exc, launch.Interrupted) else EXIT_FAILED
+        raise typer.Exit(code) from None
     if as_json:
         print_json(
             {

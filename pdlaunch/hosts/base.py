@@ -320,7 +320,14 @@ t=$(umask 077 && mktemp "$d/.pdlaunch-put.XXXXXX") || exit 1
 if cat > "$t" && chmod {mode:o} "$t" && mv -f -- "$t" "$p"; then exit 0; fi
 rm -f -- "$t"; exit 1
 """
-        res = self._exec(script, stdin=data, timeout=timeout)
+        try:
+            res = self._exec(script, stdin=data, timeout=timeout)
+        except CommandTimeout:
+            raise CommandTimeout(
+                f"{self.name}: writing {remote_path} did not finish within {timeout:g}s "
+                "(the host accepted the login but does not complete commands)",
+                host=self.name,
+            ) from None
         if res.rc != 0:
             raise HostError(
                 f"{self.name}: cannot write {remote_path}: {res.stderr.strip() or 'failed'}",

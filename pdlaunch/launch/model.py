@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pdlaunch import health
@@ -82,6 +83,10 @@ class UpOptions:
     topology_path: str = ""
     poll_interval: float = 0.2
     canary_timeout: float = 300.0  # a PD request can stall for minutes on a loaded host
+    # Run before anything starts, once `up` has proven nothing of the deployment runs (a
+    # running one holds its own ports, which a port probe would report as taken). Raises to
+    # refuse; skipped when running processes are adopted.
+    preflight: Callable[[], None] | None = None
     # Compatibility with callers that still pass the SSH trio one by one.
     accept_new_host_keys: bool = False
     known_hosts: str | None = None

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from pdlaunch import health
-from pdlaunch.hosts import HostError, HostPool, parallel, sh_quote_path
+from pdlaunch.hosts import CommandTimeout, HostError, HostPool, parallel, sh_quote_path
 from pdlaunch.hosts.pool import MAX_WORKERS, HostKey, Opener
 from pdlaunch.plan import Plan, Process
 from pdlaunch.render import RenderedFile, render_plan
@@ -370,6 +370,15 @@ def up(
                 decided.endpoints = eps
                 return decided
             state, adopted = decided
+            if opts.preflight is not None:
+                if adopted:
+                    reporter.step(
+                        f"preflight skipped: {len(adopted)} process(es) of the deployment run "
+                        "and hold their ports"
+                    )
+                else:
+                    reporter.step("preflight check")
+                    opts.preflight()
             state.topology = opts.topology_path
             state.scripts_hash = digest
             state.endpoint = plan.endpoint()
@@ -546,6 +555,11 @@ def _up_steps(
     run.uploaded = True
     try:
         run.prepare(files)
+    except CommandTimeout as exc:
+        raise LaunchError(
+            f"preparing the hosts failed: {exc} (every host command is bounded by "
+            f"--timeout {opts.timeout:g}s)"
+        ) from None
     except HostError as exc:
         raise LaunchError(f"preparing the hosts failed: {exc}") from None
     run.save()
