@@ -424,8 +424,8 @@ def _reconcile(
     reporter.step("checking what already runs")
     looked_at = old if old is not None else unrecorded_state(plan, status="starting")
     found = survey(looked_at, pool)
-    if old is not None:
-        save_state(old)  # pids found by their pid files are now recorded
+    if old is not None and found.found:
+        save_state(old)  # pids found only by their pid files are now on record
     if not found.complete and old is None:  # nothing recorded: a plain connection failure
         errors = sorted(set(found.unknown.values()))
         raise LaunchError(f"cannot reach {len(errors)} host(s): {'; '.join(errors)}")
