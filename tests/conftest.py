@@ -38,6 +38,7 @@ if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 
 from pdlaunch.hosts import SshHost, SshSettings, open_host  # noqa: E402
+from tests.netns_fixtures import netns, netns_cluster  # noqa: E402, F401 - fixtures
 from tests.sshd import SshdCluster, SshdError, SshdHost  # noqa: E402
 
 
