@@ -10,9 +10,13 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import pytest
+
+from pdlaunch.health import post_json
 from pdlaunch.load import load
 from pdlaunch.plan import build_plan
 from pdlaunch.state import DeploymentLock, load_state
@@ -357,3 +361,50 @@ def test_preflight_check_refuses_an_occupied_port(make_deployment):
     assert res.exit_code == 1, res.output
     assert "preflight check failed" in res.output and str(port) in res.output
     assert load_state("preflight") is None
+
+
+def _json_docs(text: str) -> list[dict]:
+    docs, dec, i = [], json.JSONDecoder(), 0
+    text = text.strip()
+    while i < len(text):
+        doc, end = dec.raw_decode(text, i)
+        docs.append(doc)
+        i = end
+        while i < len(text) and text[i].isspace():
+            i += 1
+    return docs
+
+
+def _requests_through(url: str, n: int, every: float) -> threading.Thread:
+    def send() -> None:
+        for i in range(n):
+            post_json(url + "/v1/completions", {"model": "fake-model", "prompt": f"p{i} " * 40})
+            time.sleep(every)
+
+    t = threading.Thread(target=send, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("mode", ["pd", "bypass"])
+def test_status_watch_proves_disaggregation_while_serving(make_deployment, mode):
+    dep = make_deployment(f"watch{mode}", router_env={"FAKE_ROUTER_MODE": mode})
+    res = cli("up", dep.path, "--timeout", "120", "--no-canary")
+    assert res.exit_code == 0, res.output
+    router = f"http://127.0.0.1:{dep.ports['router']}"
+    sender = _requests_through(router, 6, 0.25)
+    res = cli("status", dep.name, "--watch", "--interval", "1", "--count", "2", "--json")
+    sender.join(timeout=30)
+    docs = _json_docs(res.stdout)
+    assert len(docs) == 2, res.output
+    decode = [p for d in docs for p in d["processes"] if p["process"] == "decode-0"]
+    assert sum(p["requests"] for p in decode) > 0, docs
+    if mode == "pd":
+        assert res.exit_code == 0, res.output
+        assert sum(p["kv_transfer_tokens"] for p in decode) > 0
+        assert all(p["flags"] == [] for p in decode)
+    else:  # the router skipped prefill: decode answers 200 and computes every prompt itself
+        assert res.exit_code == 1, res.output
+        assert any("NOT DISAGGREGATED" in f for p in decode for f in p["flags"]), docs
+    assert cli("down", dep.path).exit_code == 0
+    assert wait_no_procs(dep.work_root) == []
