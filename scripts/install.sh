@@ -5,12 +5,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v sshd >/dev/null 2>&1 && [ ! -x /usr/sbin/sshd ]; then
+# System packages the tests start for real (Debian): OpenSSH (launch/check over SSH), iproute2
+# and nftables (network-namespace hosts, firewall cases), Slurm and MUNGE (the Slurm backend).
+# Each is installed only when its command is missing, so a prepared machine is left alone.
+need=()
+have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
+have sshd || need+=(openssh-server openssh-client)
+have ip || need+=(iproute2)
+have ps || need+=(procps)
+have nft || need+=(nftables)
+have slurmctld || need+=(slurm-wlm)
+have munged || need+=(munge)
+if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 procps >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
   else
-    echo "install.sh: OpenSSH server is missing; install openssh-server (the SSH tests start sshd)" >&2
+    echo "install.sh: missing system packages: ${need[*]} (the tests start these for real)" >&2
   fi
 fi
 
