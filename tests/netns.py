@@ -11,7 +11,7 @@ Pure helper module (no pytest import), used by the ``netns_cluster`` fixture
         cluster.control_address               # 10.231.0.1: this (root) namespace on the bridge
         cluster.ssh_config, cluster.known_hosts, cluster.key_file, cluster.user
         cluster.set_netem("pdl-h2", delay_ms=20, loss_pct=1)
-        cluster.iptables("pdl-h1", "-A", "INPUT", "-p", "tcp", "--dport", "5600", "-j", "DROP")
+        cluster.block_tcp("pdl-h1", 5600, peer="10.231.0.12")   # nft rule in pdl-h1: drop
         cluster.reset()                       # no firewall rule, no netem anywhere
 
 Layout of a cluster in slot ``k`` (slot 0 unless another live cluster holds it)::
@@ -27,7 +27,7 @@ command run over its sshd) resolve the cluster's names. The machine's own /etc/h
 written.
 
 ``set_netem`` uses tc netem where the kernel has it; on a kernel built without sch_netem (this
-project's CI VM, ``# CONFIG_NET_SCH_NETEM is not set``) loss falls back to an iptables
+project's CI VM, ``# CONFIG_NET_SCH_NETEM is not set``) loss falls back to an nftables
 random-drop rule on the host's output and a delay is refused with a NetnsError naming the
 missing kernel option.
 
@@ -73,13 +73,14 @@ STATE_DIR = Path("/run/pdlaunch-netns")
 NETNS_ETC = Path("/etc/netns")
 MAX_SLOTS = 32
 MAX_HOSTS = 200  # 10.231.k.(10+N) must stay below .255
-LOSS_CHAIN = "PDL-LOSS"  # set_netem's iptables fallback for loss
+FIREWALL_TABLE = "pdl"  # block_tcp's rules: table inet pdl, chains input and output
+LOSS_TABLE = "pdl_loss"  # set_netem's nftables fallback for loss
 ROOT_PREFIX = "pdl-netns"  # mkdtemp prefix of a cluster's files: the only dirs close() deletes
 _NAME = re.compile(r"^pdl(\d*)-(?:br|h\d+|h\d+-v)$")
 INSTALL_HINT = (
     "the network-namespace test cluster needs root, `ip` (iproute2), `unshare` (util-linux), "
-    "`tc` and, for firewall rules, `iptables` (Debian: apt-get install -y iproute2 "
-    "util-linux iptables); scripts/install.sh installs them"
+    "`tc` and, for firewall rules, `nft` (Debian: apt-get install -y iproute2 "
+    "util-linux nftables); scripts/install.sh installs them"
 )
 
 
@@ -261,27 +262,52 @@ def ns_exec(ns: str, argv: Sequence[str], *, check: bool = True) -> str:
     return run_cmd(["ip", "netns", "exec", ns, *argv], check=check)
 
 
-def ns_iptables(ns: str, *rule: str, check: bool = True) -> None:
-    if shutil.which("iptables") is None:
-        raise NetnsError(f"`iptables` not found: {INSTALL_HINT}")
-    ns_exec(ns, ["iptables", "-w", "5", *rule], check=check)
+def ns_nft(ns: str, *command: str, check: bool = True) -> str:
+    """``nft COMMAND`` in the namespace: its own ruleset, empty when the namespace is made."""
+    if shutil.which("nft") is None:
+        raise NetnsError(f"`nft` not found: {INSTALL_HINT}")
+    return ns_exec(ns, ["nft", *command], check=check)
+
+
+def _base_chain(table: str, chain: str) -> list[str]:
+    return [
+        f"add table inet {table}",
+        f"add chain inet {table} {chain} "
+        f"{{ type filter hook {chain} priority 0 ; policy accept ; }}",
+    ]
+
+
+VERDICTS = {"drop": "drop", "reject": "reject", "reset": "reject with tcp reset"}
+
+
+def block_tcp(
+    ns: str, port: int, *, chain: str = "input", peer: str | None = None, action: str = "drop"
+) -> None:
+    """A firewall rule in host ``ns``: TCP to ``port`` arriving (``chain="input"``, from
+    ``peer`` if given) or leaving (``"output"``, to ``peer``) is dropped (silence: the peer
+    times out), rejected (ICMP port unreachable) or reset (TCP RST)."""
+    if chain not in ("input", "output") or action not in VERDICTS:
+        raise NetnsError(f"block_tcp: chain input|output and action {'|'.join(VERDICTS)}")
+    match = f"ip {'saddr' if chain == 'input' else 'daddr'} {peer} " if peer else ""
+    for command in _base_chain(FIREWALL_TABLE, chain):
+        ns_nft(ns, command)
+    ns_nft(ns, f"add rule inet {FIREWALL_TABLE} {chain} {match}tcp dport {port} {VERDICTS[action]}")
 
 
 def set_netem(ns: str, delay_ms: float = 0, loss_pct: float = 0) -> str:
-    """Delay and/or drop what host ``ns`` sends (netem on its eth0); 0, 0 removes it.
+    """Delay and/or drop what host ``ns`` sends (netem on its eth0), replacing any earlier
+    setting; 0, 0 removes it.
 
-    Returns how it was done: ``"netem"``, ``"iptables"`` (loss only, on a kernel without
-    sch_netem: a random-drop rule on the host's output) or ``"off"``. Delay on such a kernel
-    is a NetnsError: nothing else in the kernel can hold packets back."""
+    Returns how it was done: ``"netem"``, ``"nft"`` (loss only, on a kernel without sch_netem:
+    a random-drop rule on the host's output) or ``"off"``. Delay on such a kernel is a
+    NetnsError: nothing else in the kernel can hold packets back."""
     if delay_ms < 0 or not 0 <= loss_pct <= 100:
         raise NetnsError(
             f"netem needs delay_ms >= 0 and 0 <= loss_pct <= 100, not {delay_ms}, {loss_pct}"
         )
     ns_exec(ns, ["tc", "qdisc", "del", "dev", "eth0", "root"], check=False)
-    if shutil.which("iptables") is not None:
-        ns_iptables(ns, "-D", "OUTPUT", "-j", LOSS_CHAIN, check=False)
-        ns_iptables(ns, "-F", LOSS_CHAIN, check=False)
-        ns_iptables(ns, "-X", LOSS_CHAIN, check=False)
+    if shutil.which("nft") is not None:
+        ns_nft(ns, f"delete table inet {LOSS_TABLE}", check=False)
     if delay_ms == 0 and loss_pct == 0:
         return "off"
     netem = ["netem", "delay", f"{delay_ms:g}ms", "loss", f"{loss_pct:g}%"]
@@ -296,28 +322,28 @@ def set_netem(ns: str, delay_ms: float = 0, loss_pct: float = 0) -> str:
             f"cannot delay packets of {ns}: this kernel ({os.uname().release}) has no sch_netem "
             "(CONFIG_NET_SCH_NETEM); only loss can be emulated here (set delay 0)"
         )
-    rule = [LOSS_CHAIN, "-o", "eth0", "-m", "statistic", "--mode", "random"]
-    ns_iptables(ns, "-N", LOSS_CHAIN)
-    ns_iptables(ns, "-A", *rule, "--probability", f"{loss_pct / 100:.6f}", "-j", "DROP")
-    ns_iptables(ns, "-I", "OUTPUT", "-j", LOSS_CHAIN)
-    return "iptables"
+    for command in _base_chain(LOSS_TABLE, "output"):
+        ns_nft(ns, command)
+    below = max(1, round(loss_pct * 100))  # numgen draws 0..9999
+    sample = f"numgen random mod 10000 < {below} " if below < 10000 else ""
+    ns_nft(ns, f'add rule inet {LOSS_TABLE} output oifname "eth0" {sample}drop')
+    return "nft"
 
 
 def reset_host(ns: str) -> None:
-    """No filter-table rule, no user chain and no netem in ``ns``."""
+    """No firewall rule (the namespace's whole nftables ruleset) and no netem in ``ns``."""
     set_netem(ns)
-    if shutil.which("iptables") is not None:
-        ns_iptables(ns, "-F", check=False)
-        ns_iptables(ns, "-X", check=False)
+    if shutil.which("nft") is not None:
+        ns_nft(ns, "flush ruleset", check=False)
 
 
 def netem_state(ns: str) -> str:
     """Human summary of what :func:`set_netem` left in ``ns`` ("" when nothing)."""
     qdisc = ns_exec(ns, ["tc", "qdisc", "show", "dev", "eth0"], check=False)
     parts = [line.strip() for line in qdisc.splitlines() if " netem " in line]
-    if shutil.which("iptables") is not None:
-        rules = ns_exec(ns, ["iptables", "-w", "5", "-S", LOSS_CHAIN], check=False)
-        parts += [line for line in rules.splitlines() if "statistic" in line]
+    if shutil.which("nft") is not None:
+        rules = ns_nft(ns, f"list table inet {LOSS_TABLE}", check=False)
+        parts += [f"nft {line.strip()}" for line in rules.splitlines() if "numgen" in line]
     return "; ".join(parts)
 
 
@@ -527,9 +553,21 @@ class NetnsCluster:
         """Run ``argv`` in the host's network namespace (as root, not over SSH); its stdout."""
         return ns_exec(self.host(host).name, argv, check=check)
 
-    def iptables(self, host: str | int, *rule: str) -> None:
-        """``iptables RULE...`` in the host's namespace (its own tables, empty at start)."""
-        ns_iptables(self.host(host).name, *rule)
+    def nft(self, host: str | int, *command: str) -> str:
+        """``nft COMMAND`` in the host's namespace (its own ruleset, empty at start)."""
+        return ns_nft(self.host(host).name, *command)
+
+    def block_tcp(
+        self,
+        host: str | int,
+        port: int,
+        *,
+        chain: str = "input",
+        peer: str | None = None,
+        action: str = "drop",
+    ) -> None:
+        """See :func:`block_tcp`."""
+        block_tcp(self.host(host).name, port, chain=chain, peer=peer, action=action)
 
     def set_netem(self, host: str | int, delay_ms: float = 0, loss_pct: float = 0) -> str:
         """See :func:`set_netem`."""

@@ -156,7 +156,7 @@ def test_loss_cuts_one_host_off_and_clears(netns: NetnsCluster):
     a, b, _ = netns.hosts
     assert connect_s(b.address) is not None
     how = netns.set_netem(b.name, loss_pct=100)
-    assert how in ("netem", "iptables")
+    assert how in ("netem", "nft")
     assert connect_s(b.address) is None  # its SYN-ACKs are lost
     assert connect_s(a.address) is not None  # the others are untouched
     assert netns.set_netem(b.name) == "off"
@@ -245,7 +245,8 @@ def test_a_crashed_run_is_swept_by_the_next(netns: NetnsCluster):
     pids = netns_pids(name)
     assert pids and all(alive(p) for p in pids)  # its sshd outlived it
     assert slot_owner(slot) == "stale"
-    assert slot in sweep_stale()
+    swept = sweep_stale()
+    assert slot in swept or not netns_pids(name)  # (or a concurrent run's sweep was first)
     assert not any(leftovers(slot).values())
     assert [p for p in pids if alive(p)] == []
     assert not state_path(slot).exists()
@@ -282,7 +283,7 @@ def test_cli_up_status_down(netns: NetnsCluster):
         assert host_address(slot, 1) in status.stdout
         assert f"slot {netns.slot}: live" in status.stdout
     finally:
-        down = cli("down")
+        down = cli("down", "--slot", str(slot))  # only ours: a concurrent run may have one too
     assert down.returncode == 0, down.stderr
     assert not any(leftovers(slot).values()) and not state_path(slot).exists()
     assert slot_owner(netns.slot) == "live"  # a test run's live cluster is never taken down
