@@ -108,10 +108,6 @@ def bridge_name(slot: int) -> str:
     return f"{slot_prefix(slot)}br"
 
 
-def subnet(slot: int) -> str:
-    return f"10.231.{slot}.0/24"
-
-
 def gateway_address(slot: int) -> str:
     return f"10.231.{slot}.1"
 
