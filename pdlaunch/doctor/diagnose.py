@@ -347,13 +347,19 @@ def process_findings(p: ProcessEvidence) -> list[Finding]:
 
 
 def diagnose_evidence(evidence: Evidence, plan: Plan | None = None) -> list[Finding]:
-    """Every finding for a deployment: errors first, then by process (in recorded order) and
-    by line."""
+    """Every finding for a deployment: errors first, then by process (in recorded order),
+    log findings by line before the others."""
     out: list[Finding] = []
     for p in evidence.processes:
         out += process_findings(p)
     out += plan_findings(out, plan)
     order = {p.name: i for i, p in enumerate(evidence.processes)}
     return sorted(
-        out, key=lambda f: (f.severity != "error", order.get(f.process, len(order)), f.line_no or 0)
+        out,
+        key=lambda f: (
+            f.severity != "error",
+            order.get(f.process, len(order)),
+            f.line_no is None,  # what a log line shows before what metrics or the plan show
+            f.line_no or 0,
+        ),
     )

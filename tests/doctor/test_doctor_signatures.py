@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -31,7 +31,7 @@ def site_packages() -> Path:
     return Path(spec.origin).parent.parent
 
 
-@lru_cache(maxsize=None)
+@cache
 def binary(*patterns: str) -> bytes:
     paths = [p for pat in patterns for p in sorted(site_packages().glob(pat))]
     assert paths, f"nothing installed matches {patterns}"
