@@ -36,6 +36,9 @@ class DeviceProfile:
     layout_env: bool = True
     # VLLM_* variables the device's vLLM plugin reads on top of vLLM's own (vllm/envs.py).
     plugin_env: frozenset[str] = frozenset()
+    # Probe families `pdlaunch check` runs on a host with this device (modules of
+    # pdlaunch/check/probes/: the vendor's inventory, link and driver tools).
+    probe_families: tuple[str, ...] = ()
     source: str = ""
 
     def accepts_block_size(self, size: int) -> bool:
@@ -203,6 +206,7 @@ PROFILES: dict[str, DeviceProfile] = {
         max_block_size=1024,
         connectors=frozenset({"nixl"}),
         env=NIXL_NODE_ENV,
+        probe_families=("nvidia",),
         source="seeds/hetero-pd-cuda-gaudi-nixl-rev2.md (CUDA launch script); "
         "vllm/config/cache.py BlockSize",
     ),
@@ -219,6 +223,7 @@ PROFILES: dict[str, DeviceProfile] = {
         connectors=frozenset({"nixl"}),
         env=GAUDI_NIXL_ENV,
         plugin_env=GAUDI_PLUGIN_ENV,
+        probe_families=("gaudi",),
         source="seeds/hetero-pd-cuda-gaudi-nixl-rev2.md (Gaudi launch script); "
         "seeds/vllm-pr30448-prefill-kv-postprocess.md",
     ),
@@ -236,6 +241,7 @@ PROFILES: dict[str, DeviceProfile] = {
         # Re-blocking needs the NIXL path; Ascend moves KV with Mooncake over HCCN.
         can_reblock=False,
         plugin_env=ASCEND_PLUGIN_ENV,
+        probe_families=("ascend",),
         source="seeds/ascend-mooncake-pd-openfuyao.md (run_prefill.sh / run_decode.sh)",
     ),
     "cpu": DeviceProfile(
@@ -261,3 +267,8 @@ PROFILES: dict[str, DeviceProfile] = {
 
 def profile(kind: str) -> DeviceProfile:
     return PROFILES[kind]
+
+
+def device_kinds() -> tuple[str, ...]:
+    """The kinds a topology may name (`device:`), in table order."""
+    return tuple(PROFILES)

@@ -69,6 +69,10 @@ class Process(Frozen):
     model_path: str | None = None
     kv_transfer_config: dict[str, Any] | None = None
     gpu_memory_utilization: float | None = None
+    vllm_bin: str | None = None  # None: the router
+    # UCX_TLS / UCX_NET_DEVICES as planned (derived or the user's env), for check.
+    ucx_tls: str | None = None
+    ucx_net_devices: str | None = None
     work_dir: str
     script_path: str
     log_path: str
@@ -311,6 +315,9 @@ def _node_process(topo: Topology, node: Node, bases: dict, mooncake: dict) -> Pr
         model_path=inst.model_path or topo.model.name,
         kv_transfer_config=kv_transfer_config(topo, node),
         gpu_memory_utilization=_gpu_memory_utilization(topo, inst),
+        vllm_bin=inst.vllm_bin or topo.defaults.vllm_bin,
+        ucx_tls=env.get("UCX_TLS"),
+        ucx_net_devices=env.get("UCX_NET_DEVICES"),
         path_prepend=prepend,
         secret_env=secret,
         ports=ports,

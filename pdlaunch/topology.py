@@ -11,14 +11,45 @@ import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 
 # Address predicates live in pdlaunch.addresses (one definition for rules, plan and hosts);
 # is_loopback stays importable from here for nodeenv.py.
 from pdlaunch.addresses import canonical_host
 from pdlaunch.addresses import is_loopback as is_loopback
+from pdlaunch.devices import device_kinds
 
-DeviceKind = Literal["cuda", "hpu", "npu", "cpu"]
+
+def _known_device(kind: Any) -> Any:
+    # Checked against devices.py when a topology is read, not frozen into a Literal at
+    # import, so an accelerator is one entry there; pydantic's own Literal wording.
+    kinds = device_kinds()
+    if not isinstance(kind, str) or kind not in kinds:
+        listed = " or ".join(filter(None, [", ".join(map(repr, kinds[:-1])), repr(kinds[-1])]))
+        raise ValueError(f"must be {listed}")
+    return kind
+
+
+class _DeviceKindJsonSchema:
+    """The JSON Schema lists the kinds devices.py knows when the schema is made."""
+
+    @staticmethod
+    def __get_pydantic_json_schema__(schema: Any, handler: GetJsonSchemaHandler) -> Any:
+        out = handler(schema)
+        out["enum"] = list(device_kinds())
+        return out
+
+
+DeviceKind = Annotated[str, BeforeValidator(_known_device), _DeviceKindJsonSchema()]
 KvLayout = Literal["NHD", "HND"]
 Role = Literal["prefill", "decode"]
 
