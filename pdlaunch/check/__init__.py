@@ -1,30 +1,35 @@
 """`pdlaunch check`: preflight of hardware, fabric, ports and versions.
 
-This package holds the pure core: probe specs (:mod:`.probes`), parsers over real
-command output (:mod:`.parsers`) and the result record (:mod:`.results`).  It imports
-nothing beyond the standard library; running probes on hosts is the runner's job.
+The pure core is :mod:`.probes` (one module per tool family: command, parsers, evaluator
+and parameters side by side) and the result record (:mod:`.results`); it imports nothing
+beyond the standard library and the device table. Running probes on hosts is
+:mod:`.runner`'s job.
 """
 
-from pdlaunch.check.parsers import (
+from pdlaunch.check.probes import (
+    PROBES,
+    Call,
     CommandOutput,
+    HostFacts,
+    Needs,
+    Probe,
     ProbeContext,
-    compare_ascend_tls,
-    compare_versions,
+    families_of,
+    select_probes,
 )
-from pdlaunch.check.probes import PROBES, PROBES_BY_ID, Needs, Probe, select_probes
 from pdlaunch.check.results import CheckResult, Status, has_failure, worst
 
 __all__ = [
     "PROBES",
-    "PROBES_BY_ID",
+    "Call",
     "CheckResult",
     "CommandOutput",
+    "HostFacts",
     "Needs",
     "Probe",
     "ProbeContext",
     "Status",
-    "compare_ascend_tls",
-    "compare_versions",
+    "families_of",
     "has_failure",
     "select_probes",
     "worst",

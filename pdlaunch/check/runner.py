@@ -3,23 +3,29 @@
 Flow (:func:`run_check`)::
 
     group the plan's processes by host (address + how to reach it)
+    plan, per host, the jobs of every probe it needs: the probe families its device kinds'
+        entries in devices.py name, the transports its plan uses, and each probe's own
+        parameter builder over the plan's typed facts
     phase 1, one thread per host:  connect -> ONE shell round trip that runs, in parallel on
-        the host, every host probe it needs (devices / transports / ports of its processes)
-        plus the reachability probes it is the source of (decode -> prefill NIXL side
-        channel / Mooncake port, router -> every instance HTTP port, DP node -> master RPC)
-    phase 2 (not --fast):          Ascend ``hccn_tool -ping`` prefill NPU -> decode NPU
-        addresses (learnt in phase 1), and with --bandwidth ``ib_write_bw`` per pair
-    cluster:                       vLLM/NIXL/Python versions equal, Ascend TLS identical
+        the host, every planned job plus the reachability probes it is the source of
+        (decode -> prefill NIXL side channel / Mooncake port, router -> every instance HTTP
+        port, DP node -> master RPC)
+    phase 2 (not --fast):          pair probes that need phase-1 facts (Ascend NPU pings at
+        the decode NPU addresses learnt in phase 1), and with --bandwidth ``ib_write_bw`` per
+        prefill -> decode host pair
+    cluster:                       each probe's cross-host comparison (versions equal, Ascend
+        TLS identical)
 
 A host that cannot be reached gives one FAIL row (``host.connect``) with the HostError
-message; the other hosts are checked all the same. Parsing is the pure core's job
-(:mod:`pdlaunch.check.parsers`); this module only decides what to run where, runs it through
-the hosts layer and attaches the results to hosts and pairs.
+message; the other hosts are checked all the same. What a probe runs and how its output is
+judged is its module's job (:mod:`pdlaunch.check.probes`); this module only decides where,
+runs it through the hosts layer and attaches the results to hosts and pairs. It names no
+probe id and no device kind, and reads only typed plan facts.
 
 Which Python interpreter runs the version/reachability probes on a host, first match wins:
 
 1. ``PDLAUNCH_PYTHON`` in the planned env of a process on that host (topology ``defaults.env``,
-   ``hosts.<host>.env``, an instance's or the router's ``env``);
+   ``hosts.<host>.env``, an instance's or the router's ``env``): check's own setting;
 2. the ``python`` next to an instance's ``vllm_bin`` when that is a path
    (``/opt/venv/bin/vllm`` -> ``/opt/venv/bin/python``: the venv vLLM runs in);
 3. ``python3`` on the host's PATH.
@@ -27,7 +33,6 @@ Which Python interpreter runs the version/reachability probes on a host, first m
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 import re
@@ -40,66 +45,26 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pdlaunch.check import parsers as p
-from pdlaunch.check.parsers import CommandOutput, ProbeContext
-from pdlaunch.check.probes import PROBES_BY_ID, Probe, select_probes
+from pdlaunch.check.probes import (
+    PROBES,
+    Call,
+    CommandOutput,
+    HostFacts,
+    Probe,
+    ProbeContext,
+    families_of,
+    select_probes,
+)
+from pdlaunch.check.probes.bandwidth import IB_WRITE_BW, server_command
+from pdlaunch.check.probes.ports import REACH, reach_batch_command, split_reach_batch
+from pdlaunch.check.probes.rdma import planned_hcas
+from pdlaunch.check.probes.ucx import uses_rdma
 from pdlaunch.check.results import CheckResult, Status, has_failure
 from pdlaunch.hosts import Host, HostError
 from pdlaunch.plan import Plan, Process
 
-#: topology device kind -> probe device kind (pdlaunch.check.probes.DEVICE_KINDS)
-DEVICE_KIND = {"cuda": "nvidia", "hpu": "gaudi", "npu": "ascend", "cpu": "cpu"}
-#: UCX transports every UCX build has: ucx_info is then optional on the host (SKIP if absent)
-BASIC_UCX_TLS = frozenset(
-    {"tcp", "self", "sm", "shm", "mm", "posix", "sysv", "cma", "knem", "xpmem", "all"}
-)
-#: UCX_TLS names that put traffic on an RDMA port (parsers' IB list, aliases included)
-RDMA_UCX_TLS = frozenset(p._IB_TLS) | {"gaudi_gdr"}
 PYTHON_ENV = "PDLAUNCH_PYTHON"
 TIMEOUT_RC = 124  # coreutils `timeout`
-
-#: many reachability tests in one interpreter, all at once (non-blocking connects + select:
-#: no threads, stdlib modules that import fast); prints one line per target in exactly the
-#: format of probes.REACH_SNIPPET (evaluated by parsers.eval_port_reach)
-REACH_BATCH_SNIPPET = """import errno,json,os,select,socket,sys,time
-t=float(sys.argv[1]);targets=json.loads(sys.argv[2]);res={};pend={}
-def kind(e):
-    if e==0:
-        return {"result":"open"}
-    if e==errno.ECONNREFUSED:
-        return {"result":"refused"}
-    if e==errno.ETIMEDOUT:
-        return {"result":"timeout"}
-    return {"result":"error","errno":e,"detail":str(OSError(e,os.strerror(e)))}
-for i,(h,p) in enumerate(targets):
-    try:
-        fam,st,pr,_,sa=socket.getaddrinfo(h,int(p),0,socket.SOCK_STREAM)[0]
-        s=socket.socket(fam,st,pr)
-        s.setblocking(False)
-        e=s.connect_ex(sa)
-        if e in (errno.EINPROGRESS,errno.EWOULDBLOCK,errno.EALREADY):
-            pend[s]=i
-        else:
-            res[i]=kind(e)
-            s.close()
-    except OSError as e:
-        res[i]={"result":"error","errno":e.errno,"detail":str(e)}
-end=time.monotonic()+t
-while pend:
-    left=end-time.monotonic()
-    if left<=0:
-        break
-    _,ready,_=select.select([],list(pend),[],left)
-    for s in ready:
-        res[pend.pop(s)]=kind(s.getsockopt(socket.SOL_SOCKET,socket.SO_ERROR))
-        s.close()
-for s,i in pend.items():
-    res[i]={"result":"timeout"}
-    s.close()
-for i,(h,p) in enumerate(targets):
-    r=res[i]
-    r.update(pdlaunch_probe=1,host=h,port=int(p))
-    print(json.dumps(r,sort_keys=True))"""
 
 
 # ------------------------------------------------------------------------------ options/report
@@ -131,7 +96,8 @@ class HostTarget:
     local: bool
     ssh: dict[str, Any]
     processes: list[Process]
-    devices: set[str] = field(default_factory=set)  # probe device kinds
+    device_kinds: set[str] = field(default_factory=set)  # topology kinds of its engines
+    families: set[str] = field(default_factory=set)  # probe families those kinds name
     transports: set[str] = field(default_factory=set)
     reachable: bool | None = None
     error: str = ""
@@ -151,7 +117,8 @@ class HostTarget:
             "local": self.local,
             "ssh_port": None if self.local else self.ssh.get("port"),
             "processes": [x.name for x in self.processes],
-            "devices": sorted(self.devices),
+            "devices": sorted(self.device_kinds),
+            "probe_families": sorted(self.families),
             "transports": sorted(self.transports),
             "reachable": self.reachable,
             "error": self.error,
@@ -240,30 +207,20 @@ def group_hosts(plan: Plan) -> list[HostTarget]:
     for t in targets.values():
         if per_address[t.address] > 1:
             t.label = f"{t.address} (local)" if t.local else f"{t.address}:ssh{t.ssh.get('port')}"
-        t.devices, t.transports = _needs(plan, t)
+        t.device_kinds = {x.device for x in t.engines if x.device}
+        t.families = families_of(t.device_kinds)
+        t.transports = _transports(plan, t)
     return list(targets.values())
 
 
-def _ucx_items(proc: Process) -> list[str]:
-    tls = proc.env.get("UCX_TLS", "")
-    negate, items = p.split_ucx_tls(tls)
-    return [] if negate else items
-
-
-def _needs(plan: Plan, t: HostTarget) -> tuple[set[str], set[str]]:
-    devices: set[str] = set()
-    transports = {"tcp"}
-    for proc in t.engines:
-        kind = proc.device
-        if kind:
-            devices.add(DEVICE_KIND[kind])
-        if plan.kv_connector == "nixl":
-            transports.add("ucx")
-            if any(i in RDMA_UCX_TLS for i in _ucx_items(proc)):
-                transports.add("rdma")
-        if plan.kv_connector == "mooncake" or kind == "npu":
-            transports.add("hccl")
-    return devices, transports
+def _transports(plan: Plan, t: HostTarget) -> set[str]:
+    """Transport features the host's engines use: UCX under NIXL, and RDMA where their
+    UCX_TLS puts traffic on an RDMA port."""
+    if plan.kv_connector != "nixl" or not t.engines:
+        return set()
+    if any(uses_rdma(x.ucx_tls) for x in t.engines):
+        return {"ucx", "rdma"}
+    return {"ucx"}
 
 
 def _python(t: HostTarget) -> str:
@@ -271,8 +228,8 @@ def _python(t: HostTarget) -> str:
         if proc.env.get(PYTHON_ENV):
             return _login_path(proc.env[PYTHON_ENV], t.local)
     for proc in t.engines:
-        if proc.argv and "/" in proc.argv[0]:
-            return _login_path(posixpath.join(posixpath.dirname(proc.argv[0]), "python"), t.local)
+        if proc.vllm_bin and "/" in proc.vllm_bin:
+            return _login_path(posixpath.join(posixpath.dirname(proc.vllm_bin), "python"), t.local)
     return "python3"
 
 
@@ -284,18 +241,8 @@ def _login_path(path: str, local: bool) -> str:
     return path
 
 
-def _is_local_path(path: str) -> bool:
-    return path.startswith(("/", "~", "./", "../"))
-
-
-def _net_devices(t: HostTarget) -> list[str]:
-    out: list[str] = []
-    for proc in t.engines:
-        for d in proc.env.get("UCX_NET_DEVICES", "").split(","):
-            d = d.strip()
-            if d and d != "all" and d not in out:
-                out.append(d)
-    return out
+def host_facts(plan: Plan, t: HostTarget) -> HostFacts:
+    return HostFacts(t.label, tuple(t.processes), plan.kv_connector, plan.vllm_version, _python(t))
 
 
 # ------------------------------------------------------------------------------- jobs
@@ -311,90 +258,31 @@ class _Job:
     name: str  # for timeout messages
     required: bool = True
     target: str = ""
+    probe: Probe | None = None
 
 
-def _probe_job(probe: Probe, target: str, params: dict[str, Any], required: bool = True) -> _Job:
-    ctx = ProbeContext(target, required, params)
+def _probe_job(probe: Probe, target: str, call: Call) -> _Job:
+    ctx = ProbeContext(target, call.required, call.params)
     return _Job(
-        probe.render(params),
+        probe.render(call.params),
         probe.timeout_s,
-        lambda out: probe.evaluate(out, ctx),
+        lambda out: probe.judge(out, ctx),
         probe.id,
-        required,
+        call.required,
         target,
+        probe,
     )
 
 
-def _host_jobs(plan: Plan, t: HostTarget, opts: CheckOptions) -> list[_Job]:
-    engines = t.engines
-    local_models = sorted(
-        {x.model_path for x in engines if x.model_path and _is_local_path(x.model_path)}
-    )
-    probes = select_probes(
-        t.devices,
-        t.transports,
-        scope="host",
-        fast_only=opts.fast,
-        model_is_local=bool(local_models),
-    )
-    jobs: list[_Job] = []
-    label = t.label
-    planned_env: dict[str, str] = {}
-    for proc in t.processes:
-        planned_env.update(proc.env)
-    for probe in probes:
-        pid = probe.id
-        if pid in ("versions", "model.path", "vllm.argv") and not engines:
-            continue  # a router-only host runs no vLLM
-        if pid == "versions":
-            jobs.append(
-                _probe_job(
-                    probe,
-                    label,
-                    {
-                        "python": _python(t),
-                        "need_vllm": True,
-                        "need_nixl": plan.kv_connector == "nixl",
-                    },
-                )
-            )
-        elif pid == "vllm.argv":
-            argvs = {x.name: x.argv[1:] for x in engines}
-            params = {"python": _python(t), "argvs": argvs, "series": plan.vllm_version}
-            jobs.append(_probe_job(probe, label, params))
-        elif pid == "model.path":
-            jobs += [_probe_job(probe, label, {"path": m}) for m in local_models]
-        elif pid == "ports.listen":
-            ports = {
-                pp.port: f"{pp.purpose}, {proc.name}" for proc in t.processes for pp in proc.ports
-            }
-            jobs.append(_probe_job(probe, label, {"ports": ports}))
-        elif pid.startswith("rdma."):
-            devs = _net_devices(t)
-            jobs.append(_probe_job(probe, label, {"devices": devs} if devs else {}))
-        elif pid == "ucx.transports":
-            tls_values = sorted({x.env.get("UCX_TLS", "") for x in engines})
-            for tls in tls_values:
-                _, items = p.split_ucx_tls(tls)
-                required = any(i not in BASIC_UCX_TLS for i in items)
-                jobs.append(_probe_job(probe, label, {"ucx_tls": tls}, required))
-        elif pid == "ucx.env":
-            jobs.append(_probe_job(probe, label, {"planned_env": planned_env}))
-        elif pid in ("nvidia.smi", "gaudi.devices", "ascend.npu_smi"):
-            kind = {"nvidia.smi": "cuda", "gaudi.devices": "hpu", "ascend.npu_smi": "npu"}[pid]
-            procs = [x for x in engines if x.device == kind]
-            devs = sorted({d for x in procs for d in x.devices})
-            params: dict[str, Any] = {"need": len(devs), "devices": devs}
-            utils = [u for u in (x.gpu_memory_utilization for x in procs) if u is not None]
-            if utils:
-                params["min_free_fraction"] = max(utils)
-            jobs.append(_probe_job(probe, label, params))
-        elif pid.startswith("ascend."):
-            npus = sorted({d for x in engines if x.device == "npu" for d in x.devices})
-            jobs.append(_probe_job(probe, label, {"npus": npus}))
-        else:
-            jobs.append(_probe_job(probe, label, {}))
-    return jobs
+def host_jobs(plan: Plan, t: HostTarget, opts: CheckOptions) -> list[_Job]:
+    """Every job the plan needs on host ``t``: the probes its families and transports
+    select, each with the calls its parameter builder makes of the host's plan facts."""
+    facts = host_facts(plan, t)
+    return [
+        _probe_job(probe, t.label, call)
+        for probe in select_probes(t.families, t.transports, scope="host", fast_only=opts.fast)
+        for call in probe.calls(facts)
+    ]
 
 
 # ------------------------------------------------------------------------------- pairs
@@ -420,10 +308,10 @@ def reach_pairs(plan: Plan) -> list[_Reach]:
     prefill, decode = plan.by_role("prefill"), plan.by_role("decode")
     for d in decode:
         for pf in prefill:
-            addr = pf.env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", pf.host)
+            # the plan advertises the node's own host as its side-channel host (nodeenv)
             for pp in pf.ports:
                 if pp.kind in ("nixl_side_channel", "mooncake_kv"):
-                    out.append(_Reach(d.name, pf.name, addr, pp.port, pp.purpose))
+                    out.append(_Reach(d.name, pf.name, pf.host, pp.port, pp.purpose))
     for r in plan.by_role("router"):
         for proc in [*prefill, *decode]:
             for pp in proc.ports:
@@ -441,29 +329,29 @@ def reach_pairs(plan: Plan) -> list[_Reach]:
 
 
 def _reach_job(reaches: list[_Reach], python: str, timeout: float) -> _Job:
+    """Every reachability test of one source host in one interpreter; each target's line
+    is judged by the single-target probe's evaluator."""
     targets = sorted({(r.address, r.port) for r in reaches})
-    cmd = (
-        f"command -v {shlex.quote(python)} >/dev/null 2>&1 || exit 127; "
-        f"{shlex.quote(python)} -c {shlex.quote(REACH_BATCH_SNIPPET)} "
-        f"{float(timeout)} {shlex.quote(json.dumps([list(x) for x in targets]))}"
-    )
-    probe = PROBES_BY_ID["ports.reach"]
 
     def evaluate(out: CommandOutput) -> list[CheckResult]:
-        lines: dict[tuple[str, int], str] = {}
-        for line in out.stdout.splitlines():
-            data = p._probe_json(line)
-            if data is not None:
-                lines[(str(data.get("host")), int(data.get("port", 0)))] = line
+        lines = split_reach_batch(out.stdout)
         results = []
         for r in reaches:
             ctx = ProbeContext(r.label, True, {"host": r.address, "port": r.port})
             one = CommandOutput(out.rc, lines.get((r.address, r.port), ""), out.stderr)
-            for res in probe.evaluate(one, ctx):
+            for res in REACH.judge(one, ctx):
                 results.append(replace(res, message=f"{r.purpose}: {res.message}"))
         return results
 
-    return _Job(cmd, probe.timeout_s + timeout, evaluate, "ports.reach", True, "")
+    return _Job(
+        reach_batch_command(python, timeout, targets),
+        REACH.timeout_s + timeout,
+        evaluate,
+        REACH.id,
+        True,
+        "",
+        REACH,
+    )
 
 
 # ------------------------------------------------------------------------- batch runner
@@ -626,6 +514,7 @@ def run_check(plan: Plan, opts: CheckOptions | None = None, *, pool: Any = None)
     opts = opts or CheckOptions()
     t0 = time.monotonic()
     hosts = group_hosts(plan)
+    jobs = {t.key: host_jobs(plan, t, opts) for t in hosts}
     by_proc = {proc.name: t for t in hosts for proc in t.processes}
     reaches = reach_pairs(plan)
     pairs: list[str] = []
@@ -644,119 +533,88 @@ def run_check(plan: Plan, opts: CheckOptions | None = None, *, pool: Any = None)
             except HostError as exc:
                 t.reachable, t.error = False, str(exc)
                 return [_connect_fail(t)] + [
-                    _skip_pair(r.label, "ports.reach", f"{t.label} unreachable") for r in mine
+                    _skip_pair(r.label, REACH.id, f"{t.label} unreachable") for r in mine
                 ]
             t.reachable = True
             with lock:
                 opened[t.key] = host
-            jobs = _host_jobs(plan, t, opts)
+            batch = list(jobs[t.key])
             if mine:
-                jobs.append(_reach_job(mine, _python(t), opts.reach_timeout))
-            return run_jobs(host, jobs, t.label)
+                batch.append(_reach_job(mine, _python(t), opts.reach_timeout))
+            return run_jobs(host, batch, t.label)
 
         per_host = _parallel(phase1, hosts, opts.max_workers)
         results = [r for rs in per_host for r in rs]
 
         # -- phase 2: pairs that need phase-1 facts or a peer process
         if not opts.fast:
-            results += _ascend_pings(plan, hosts, by_proc, opened, results, opts, pairs)
+            results += _pair_probes(plan, by_proc, opened, results, opts, pairs)
             if opts.bandwidth:
                 results += _bandwidth(plan, by_proc, opened, opts, pairs)
 
         # -- cluster-wide
-        results += _cluster(hosts, results)
+        results += _cluster(hosts, jobs, results)
     finally:
         pools.close()
     return CheckReport(results, hosts, pairs, time.monotonic() - t0, opts.fast)
 
 
-def _cluster(hosts: list[HostTarget], results: list[CheckResult]) -> list[CheckResult]:
+def _cluster(
+    hosts: list[HostTarget], jobs: Mapping[tuple, list[_Job]], results: list[CheckResult]
+) -> list[CheckResult]:
+    """Each probe's cross-host comparison, over the hosts it was planned on (reachable or
+    not: a host that never reported is part of what the comparison says)."""
     out: list[CheckResult] = []
-    engine_hosts = {t.label for t in hosts if t.engines}
-    versions: dict[str, dict[str, Any]] = {}
-    for r in results:
-        if r.probe == "versions" and r.target in engine_hosts and "python" in r.data:
-            versions.setdefault(r.target, dict(r.data))
-    if len(engine_hosts) > 1:
-        missing = sorted(engine_hosts - set(versions))
-        rows = p.compare_versions(versions)
-        if missing and len(versions) >= 2:
-            rows.append(
-                CheckResult(
-                    "versions.cluster",
-                    "cluster",
-                    Status.WARN,
-                    f"versions not compared on {', '.join(missing)} (probe failed there)",
-                    "fix the versions probe on those hosts (see their rows)",
-                )
-            )
-        out += rows
-    tls: dict[str, dict[int, int]] = {}
-    for r in results:
-        if r.probe == "ascend.tls" and isinstance(r.data.get("tls"), Mapping):
-            tls[r.target] = {int(k): int(v) for k, v in r.data["tls"].items()}
-    if any("ascend" in t.devices for t in hosts):
-        out += p.compare_ascend_tls(tls)
+    for probe in PROBES:
+        if probe.cluster is None:
+            continue
+        planned = [t.label for t in hosts if any(j.probe is probe for j in jobs[t.key])]
+        if planned:
+            out += probe.cluster(planned, [r for r in results if r.probe == probe.id])
     return out
 
 
-def _npu_addresses(label: str, results: list[CheckResult]) -> dict[int, str]:
-    """Device IPs of a host's NPUs: live config (``ascend.ip``), else /etc/hccn.conf."""
-    live: dict[int, str] = {}
-    conf: dict[int, str] = {}
-    for r in results:
-        if r.target != label or r.status is not Status.OK:
-            continue
-        if r.probe == "ascend.ip" and "npu" in r.data and r.data.get("ip"):
-            live[int(r.data["npu"])] = str(r.data["ip"])
-        elif r.probe == "ascend.hccn_conf" and isinstance(r.data.get("addresses"), Mapping):
-            conf.update({int(k): str(v) for k, v in r.data["addresses"].items() if v})
-    return {**conf, **live}
+def _pair_applies(probe: Probe, src: HostTarget, dst: HostTarget, a: Process, b: Process) -> bool:
+    families = families_of([a.device] if a.device else []) & families_of(
+        [b.device] if b.device else []
+    )
+    return probe.needs.matches(probe.family, families, src.transports & dst.transports)
 
 
-def _ascend_pings(
+def _pair_probes(
     plan: Plan,
-    hosts: list[HostTarget],
     by_proc: dict[str, HostTarget],
     opened: dict[tuple, Host],
     results: list[CheckResult],
     opts: CheckOptions,
     pairs: list[str],
 ) -> list[CheckResult]:
-    probe = PROBES_BY_ID["ascend.ping"]
-    npu_prefill = [x for x in plan.by_role("prefill") if x.device == "npu"]
-    npu_decode = [x for x in plan.by_role("decode") if x.device == "npu"]
+    """Pair probes with a ``pair_call``, per prefill -> decode process pair both of whose
+    device kinds (and hosts' transports) the probe needs; run on the prefill host."""
     jobs: dict[tuple, list[_Job]] = {}
     out: list[CheckResult] = []
-    for pf in npu_prefill:
-        src = by_proc[pf.name]
-        for d in npu_decode:
-            label = f"{pf.name} -> {d.name}"
-            if label not in pairs:
-                pairs.append(label)
-            dst = by_proc[d.name]
-            if not src.reachable:
-                out.append(_skip_pair(label, probe.id, f"{src.label} unreachable"))
-                continue
-            addrs = _npu_addresses(dst.label, results)
-            n = max(len(pf.devices), len(d.devices))
-            todo = []
-            for k in range(n):
-                dn = d.devices[k % len(d.devices)]
-                if dn in addrs:
-                    todo.append((pf.devices[k % len(pf.devices)], addrs[dn]))
-            if not todo:
-                out.append(
-                    _skip_pair(
-                        label,
-                        probe.id,
-                        f"device IPs of {d.name}'s NPUs unknown (see ascend.ip on {dst.label})",
-                    )
-                )
-                continue
-            jobs.setdefault(src.key, []).append(
-                _probe_job(probe, label, {"pairs": todo}, required=True)
-            )
+    for probe in PROBES:
+        if probe.scope != "pair" or probe.pair_call is None:
+            continue
+        if probe.optional and not opts.bandwidth:
+            continue
+        for pf in plan.by_role("prefill"):
+            for d in plan.by_role("decode"):
+                src, dst = by_proc[pf.name], by_proc[d.name]
+                if not _pair_applies(probe, src, dst, pf, d):
+                    continue
+                label = f"{pf.name} -> {d.name}"
+                if label not in pairs:
+                    pairs.append(label)
+                if not src.reachable:
+                    out.append(_skip_pair(label, probe.id, f"{src.label} unreachable"))
+                    continue
+                on_dst = [r for r in results if r.target == dst.label]
+                call = probe.pair_call(pf, d, dst.label, on_dst)
+                if isinstance(call, str):
+                    out.append(_skip_pair(label, probe.id, call))
+                    continue
+                jobs.setdefault(src.key, []).append(_probe_job(probe, label, call))
 
     def one(key: tuple) -> list[CheckResult]:
         return run_jobs(opened[key], jobs[key], "")
@@ -775,13 +633,13 @@ def _bandwidth(
 ) -> list[CheckResult]:
     """``ib_write_bw`` per prefill host -> decode host (server on decode), one at a time:
     the server listens on perftest's default port and measurements must not overlap."""
-    probe = PROBES_BY_ID["bandwidth.ib_write_bw"]
+    probe = IB_WRITE_BW
     out: list[CheckResult] = []
     done: set[tuple] = set()
     for pf in plan.by_role("prefill"):
         for d in plan.by_role("decode"):
             src, dst = by_proc[pf.name], by_proc[d.name]
-            if "rdma" not in src.transports or "rdma" not in dst.transports:
+            if not _pair_applies(probe, src, dst, pf, d):
                 continue
             if (src.key, dst.key) in done:
                 continue
@@ -792,14 +650,16 @@ def _bandwidth(
             if not (src.reachable and dst.reachable):
                 out.append(_skip_pair(label, probe.id, "a host of the pair is unreachable"))
                 continue
-            out += _one_bandwidth(
-                probe, label, opened[src.key], opened[dst.key], src, dst, d.host, opts
-            )
+            out += _one_bandwidth(label, opened[src.key], opened[dst.key], src, dst, d.host, opts)
     return out
 
 
+def _first_hca(t: HostTarget) -> dict[str, Any]:
+    hcas = planned_hcas(t.engines)
+    return {"device": hcas[0].split(":")[0]} if hcas else {}
+
+
 def _one_bandwidth(
-    probe: Probe,
     label: str,
     client: Host,
     server: Host,
@@ -808,12 +668,8 @@ def _one_bandwidth(
     server_address: str,
     opts: CheckOptions,
 ) -> list[CheckResult]:
-    sdev, cdev = _net_devices(dst), _net_devices(src)
-    sflag = f"-d {shlex.quote(sdev[0].split(':')[0])} " if sdev else ""
-    server_cmd = (
-        "command -v ib_write_bw >/dev/null 2>&1 || exit 127; "
-        f"exec timeout 45 ib_write_bw {sflag}-F -D 5 --report_gbits"
-    )
+    probe = IB_WRITE_BW
+    server_cmd = server_command(_first_hca(dst))
     box: dict[str, Any] = {}
 
     def serve() -> None:
@@ -825,9 +681,7 @@ def _one_bandwidth(
     th = threading.Thread(target=serve, daemon=True)
     th.start()
     time.sleep(1.0)
-    params: dict[str, Any] = {"server": server_address}
-    if cdev:
-        params["device"] = cdev[0].split(":")[0]
+    params: dict[str, Any] = {"server": server_address, **_first_hca(src)}
     if opts.min_bandwidth_gbps is not None:
         params["min_gbps"] = opts.min_bandwidth_gbps
     if "res" in box and box["res"].rc == 127:
@@ -837,7 +691,7 @@ def _one_bandwidth(
                 probe.id, label, Status.SKIP, f"ib_write_bw not found on {dst.label} (server)"
             )
         ]
-    job = _probe_job(probe, label, params, required=False)
+    job = _probe_job(probe, label, Call(params, required=False))
     res = run_jobs(client, [job], label)
     th.join(timeout=70)
     return res

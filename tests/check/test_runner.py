@@ -15,7 +15,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from pdlaunch.check.parsers import CommandOutput
+from pdlaunch.check.probes import CommandOutput
 from pdlaunch.check.results import CheckResult, Status
 from pdlaunch.check.runner import (
     CheckOptions,
@@ -395,11 +395,10 @@ def test_parse_batch_ignores_missing_jobs():
 
 def test_reach_batch_prints_what_the_single_reach_probe_prints():
     """The batched reachability snippet (one interpreter per source host) gives, per target,
-    the same JSON line as probes.REACH_SNIPPET, so parsers.eval_port_reach judges both."""
+    the same JSON line as ports.REACH_SNIPPET, so ports.eval_port_reach judges both."""
     import subprocess
 
-    from pdlaunch.check.probes import REACH_SNIPPET
-    from pdlaunch.check.runner import REACH_BATCH_SNIPPET
+    from pdlaunch.check.probes.ports import REACH_BATCH_SNIPPET, REACH_SNIPPET
 
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from pdlaunch.check import vllm_argv
-from pdlaunch.check.parsers import CommandOutput, ProbeContext
 from pdlaunch.check.results import Status
 from pdlaunch.check.runner import run_check
 from tests.check.test_runner import free_port, opts, plan_of, rows, ssh_of
@@ -122,16 +120,3 @@ def test_check_dry_parses_on_each_node(tmp_path, sshd_hosts, sshd_cluster):
         report, "vllm.argv", next(h.label for h in report.hosts if h.processes[0].role == "router")
     )
 
-
-def test_evaluator_reads_the_probe_output():
-    ctx = ProbeContext("h1", True, {"series": "0.32"})
-    line = '{"pdlaunch_probe": 1, "vllm": "0.32.0", "results": {"p": "", "d": "error: x"}}'
-    out = vllm_argv.evaluate(CommandOutput(0, "noise\n" + line + "\n", ""), ctx)
-    assert [(r.status, r.data.get("process")) for r in out] == [
-        (Status.FAIL, "d"),
-        (Status.OK, "p"),
-    ]
-    none = vllm_argv.evaluate(CommandOutput(0, '{"pdlaunch_probe": 1, "vllm": null}', ""), ctx)
-    assert [r.status for r in none] == [Status.FAIL]
-    garbled = vllm_argv.evaluate(CommandOutput(1, "Traceback ...", ""), ctx)
-    assert [r.status for r in garbled] == [Status.WARN]

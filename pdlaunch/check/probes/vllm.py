@@ -1,10 +1,10 @@
 """Probe `vllm.argv`: each planned `vllm serve` argv, parsed by the node's own vLLM.
 
-The command, its output format and the evaluator live together here. On the node, the
-interpreter that runs `vllm` (the runner's `_python`) builds the parser exactly as `vllm`
-does (vllm/entrypoints/cli/main.py:91-111: FlexibleArgumentParser + the serve subparser) and
-parses every argv of that host without starting an engine or loading a model. A node whose
-vLLM differs from the topology's series, or rejects a flag, FAILs before `up`, naming the flag.
+On the node, the interpreter that runs `vllm` (the runner's `_python`) builds the parser
+exactly as `vllm` does (vllm/entrypoints/cli/main.py:91-111: FlexibleArgumentParser + the
+serve subparser) and parses every argv of that host without starting an engine or loading a
+model. A node whose vLLM differs from the topology's series, or rejects a flag, FAILs before
+`up`, naming the flag.
 """
 
 from __future__ import annotations
@@ -14,10 +14,16 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from pdlaunch.check.parsers import CommandOutput, ProbeContext, _guard, _unparsed
+from pdlaunch.check.probes.base import (
+    Call,
+    CommandOutput,
+    HostFacts,
+    Probe,
+    ProbeContext,
+    row,
+    unparsed,
+)
 from pdlaunch.check.results import CheckResult, Status
-
-PROBE = "vllm.argv"
 
 #: prints one JSON line: {"pdlaunch_probe": 1, "vllm": version|None, "results": {name: error}}
 SNIPPET = """import contextlib,io,json,sys
@@ -67,25 +73,24 @@ def _parse(stdout: str) -> dict[str, Any] | None:
     return None
 
 
-@_guard(PROBE, "vLLM argv dry-parse", tool="python", install="create the venv vllm_bin points at")
 def evaluate(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     """params: ``series`` (the topology's vLLM series, e.g. "0.32")."""
     data = _parse(out.stdout)
     if data is None:
-        return [_unparsed(PROBE, ctx, "vLLM argv dry-parse", out)]
+        return [unparsed(ctx, "vLLM argv dry-parse", out)]
     series = ctx.params.get("series", "")
     version = data.get("vllm")
 
-    def row(status: Status, message: str, fix: str = "", **extra: Any) -> CheckResult:
-        return CheckResult(PROBE, ctx.target, status, message, fix, {"vllm": version, **extra})
+    def line(status: Status, message: str, fix: str = "", **extra: Any) -> CheckResult:
+        return row(ctx, status, message, fix, vllm=version, **extra)
 
     if not version:
-        return [row(Status.FAIL, "vLLM is not installed for the interpreter that runs it",
-                    "install vLLM on this host (or set vllm_bin)")]  # fmt: skip
+        return [line(Status.FAIL, "vLLM is not installed for the interpreter that runs it",
+                     "install vLLM on this host (or set vllm_bin)")]  # fmt: skip
     rows: list[CheckResult] = []
     if not (version == series or version.startswith(f"{series}.")):
         rows.append(
-            row(
+            line(
                 Status.FAIL,
                 f"vLLM {version} here, but the topology targets vLLM {series}: flags and "
                 "defaults differ between releases",
@@ -93,13 +98,13 @@ def evaluate(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
             )
         )
     if "import_error" in data:
-        rows.append(row(Status.WARN, f"vLLM's CLI parser did not import: {data['import_error']}",
-                        "check the vLLM install on this host"))  # fmt: skip
+        rows.append(line(Status.WARN, f"vLLM's CLI parser did not import: {data['import_error']}",
+                         "check the vLLM install on this host"))  # fmt: skip
         return rows
     for name, error in sorted(data.get("results", {}).items()):
         if error:
             rows.append(
-                row(
+                line(
                     Status.FAIL,
                     f"{name}: this host's vLLM {version} refuses the planned command: {error}",
                     "install the topology's vLLM version here, or drop the flag it names",
@@ -108,6 +113,29 @@ def evaluate(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
                 )
             )
         else:
-            rows.append(row(Status.OK, f"{name}: vLLM {version} accepts the planned command",
-                            process=name))  # fmt: skip
+            rows.append(line(Status.OK, f"{name}: vLLM {version} accepts the planned command",
+                             process=name))  # fmt: skip
     return rows
+
+
+def _calls(facts: HostFacts) -> list[Call]:
+    if not facts.engines:
+        return []  # a router-only host runs no vLLM
+    argvs = {x.name: x.argv[1:] for x in facts.engines}
+    return [Call({"python": facts.python, "argvs": argvs, "series": facts.vllm_version})]
+
+
+ARGV = Probe(
+    "vllm.argv",
+    "planned argv parses with the node's vLLM",
+    command,
+    evaluate,
+    "vLLM argv dry-parse",
+    tool="python",
+    install="create the venv vllm_bin points at",
+    timeout_s=180.0,
+    fast=False,
+    calls=_calls,
+)
+
+PROBES = (ARGV,)
