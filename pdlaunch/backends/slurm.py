@@ -1,0 +1,619 @@
+"""A Slurm heterogeneous job for the deployment a `Plan` describes (`--backend slurm`).
+
+Pure functions from the plan (already judged by the rules, and by `slurm_rules` for what
+Slurm placement contradicts) to text: one sbatch script, plus the plan's own process scripts.
+
+* **Components.** Engine instances that share a host in the topology run in one het component
+  (one component per role and node group): backfill reserves whole nodes for a pending job, so
+  two components of one het job never share a node (seen on Slurm 22.05: the second component
+  stays pending for "Resources" on a node the first leaves half free). Node *k* of a component
+  is the component's *k*-th topology host. Each component asks for its node count,
+  ``--ntasks-per-node=1``, and per node the GPUs (``--gpus-per-node``) or CPU cores
+  (``--cpus-per-task``) of the processes it holds. One component makes a plain job.
+* **Driver.** The batch script runs on the allocation's first node. It learns each node's
+  address from Slurm (``scontrol show hostnames $SLURM_JOB_NODELIST_HET_GROUP_<n>``, then the
+  node's ``NodeAddr``), starts every engine with ``srun --het-group=<n> --nodelist=<node>`` in
+  the background, waits for each engine's health, starts the router on the first node of the
+  allocation, waits for it, then waits for the steps: the job ends when any process does.
+* **Scripts.** Each process's script is the one `pdlaunch render` writes, rendered by the same
+  template, except for what Slurm decides at run time; those values become shell variables the
+  driver sets (`RUNTIME`): the node's address (NIXL side-channel host), the nodes' addresses
+  (router URLs, DP master address), the devices Slurm gave the step (visible-devices variable)
+  and the CPUs it may use (CPU OpenMP binding).
+
+Everything that reaches a shell goes through `pdlaunch.render.shquote` / `command`; the
+driver's own shell code is constant text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import jinja2
+
+from pdlaunch import __version__
+from pdlaunch.addresses import host_key
+from pdlaunch.devices import profile
+from pdlaunch.plan import Plan, Process
+from pdlaunch.render import RenderedFile, comment, render_plan, shquote
+
+SIDE_CHANNEL_HOST = "VLLM_NIXL_SIDE_CHANNEL_HOST"
+CPU_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+DRIVER_NAME = "slurm-job.sh"
+# Variables the driver and node runner set on the node, read by the process scripts.
+NODE_ADDR = "PDLAUNCH_NODE_ADDR"
+DEVICES = "PDLAUNCH_DEVICES"
+CPUS = "PDLAUNCH_CPU_BIND"
+
+# What may appear in an `#SBATCH` line: sbatch splits those lines itself (no shell), so a
+# space, quote or newline in a value would change the options, not only their value.
+_SBATCH_VALUE = re.compile(r"[A-Za-z0-9_.,:=@%+/\[\]-]+")
+_PLACEHOLDER = re.compile(r"\{pdlaunch:([A-Z][A-Z0-9_]*)\}")
+_PLACEHOLDER_MARK = "{pdlaunch:"
+
+
+class SlurmError(ValueError):
+    """A Slurm option or plan this backend cannot turn into a job; the message is for users."""
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What the user says about the cluster (none of it is in the topology).
+
+    ``nodelist``: the nodes the job may use (``--nodelist`` per component, each component
+    given its own topology hosts); None lets Slurm pick. ``role_partitions``: a partition per
+    role (a component holding both roles uses ``partition``). ``gpus_per_node`` /
+    ``cpus_per_node``: what the partition offers, when known (the rules compare the plan with
+    it; `slurm_run.partition_limits` reads it from ``sinfo``). ``gres``: the GRES name per
+    non-CUDA accelerator kind (Gaudi and Ascend sites name theirs). ``start_timeout``: seconds
+    the driver waits for each process's health before it ends the job.
+    """
+
+    partition: str | None = None
+    role_partitions: Mapping[str, str] = field(default_factory=dict)
+    nodelist: tuple[str, ...] | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = None
+    exclusive: bool = False
+    mem: str | None = None
+    cpus_per_task: int | None = None
+    gpus_per_node: int | None = None
+    cpus_per_node: int | None = None
+    gres: Mapping[str, str] = field(default_factory=lambda: {"hpu": "hpu", "npu": "npu"})
+    extra_sbatch: tuple[str, ...] = ()
+    start_timeout: int = 1800
+
+    def __post_init__(self) -> None:
+        named = {
+            "partition": self.partition,
+            "account": self.account,
+            "qos": self.qos,
+            "time": self.time,
+            "mem": self.mem,
+            **{f"role_partitions.{k}": v for k, v in self.role_partitions.items()},
+            **{f"gres.{k}": v for k, v in self.gres.items()},
+            **{f"nodelist[{i}]": n for i, n in enumerate(self.nodelist or ())},
+        }
+        for what, value in named.items():
+            if value is not None and not _SBATCH_VALUE.fullmatch(value):
+                raise SlurmError(
+                    f"slurm {what} {value!r}: use letters, digits and _.,:=@%+/[]- only "
+                    "(it goes into an #SBATCH line, which sbatch splits itself)"
+                )
+        for opt in self.extra_sbatch:
+            if not opt.startswith("--") or not _SBATCH_VALUE.fullmatch(opt):
+                raise SlurmError(
+                    f"extra sbatch option {opt!r}: give one --option[=value] without spaces "
+                    "or quotes"
+                )
+        if self.nodelist is not None and not self.nodelist:
+            raise SlurmError("slurm nodelist is empty: give at least one node, or none at all")
+        for what, n in (
+            ("cpus_per_task", self.cpus_per_task),
+            ("gpus_per_node", self.gpus_per_node),
+            ("cpus_per_node", self.cpus_per_node),
+        ):
+            if n is not None and n < 1:
+                raise SlurmError(f"slurm {what} must be at least 1, not {n}")
+        if self.start_timeout < 1:
+            raise SlurmError(f"slurm start_timeout must be at least 1 s, not {self.start_timeout}")
+
+
+@dataclass(frozen=True)
+class Component:
+    """One het component: engine processes whose instances share hosts."""
+
+    index: int
+    hosts: tuple[str, ...]  # node k of the component stands for hosts[k]
+    processes: tuple[Process, ...]
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(p.role for p in self.processes))
+
+    @property
+    def instances(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(p.instance for p in self.processes))
+
+    def node_of(self, p: Process) -> int:
+        key = host_key(p.host)
+        return next(k for k, h in enumerate(self.hosts) if host_key(h) == key)
+
+    def per_node(self, kind: str) -> int:
+        """Devices of one kind the busiest node needs (each process pins its own)."""
+        totals = [0] * len(self.hosts)
+        for p in self.processes:
+            if p.device == kind:
+                totals[self.node_of(p)] += len(p.devices)
+        return max(totals, default=0)
+
+
+def components(plan: Plan) -> list[Component]:
+    """Engine instances grouped by shared hosts, in plan order (union of overlapping host
+    sets: an instance on hosts a and b joins every instance on a or b)."""
+    groups: list[tuple[list[str], list[Process]]] = []
+    for inst in dict.fromkeys(p.instance for p in plan.processes if p.role != "router"):
+        procs = [p for p in plan.processes if p.instance == inst and p.role != "router"]
+        keys = {host_key(p.host) for p in procs}
+        touching = [g for g in groups if keys & {host_key(h) for h in g[0]}]
+        hosts = [h for g in touching for h in g[0]]
+        members = [p for g in touching for p in g[1]]
+        for p in procs:
+            if host_key(p.host) not in {host_key(h) for h in hosts}:
+                hosts.append(p.host)
+        merged = (hosts, members + procs)
+        groups = [g for g in groups if all(g is not t for t in touching)]
+        groups.append(merged)
+    order = {p.name: i for i, p in enumerate(plan.processes)}
+    groups.sort(key=lambda g: min(order[p.name] for p in g[1]))
+    return [
+        Component(i, tuple(h), tuple(sorted(ps, key=lambda p: order[p.name])))
+        for i, (h, ps) in enumerate(groups)
+    ]
+
+
+def addr_var(component: int, node: int) -> str:
+    """The driver's variable holding node ``node`` of component ``component``'s address."""
+    return f"PDLAUNCH_ADDR_{component}_{node}"
+
+
+def _url_host(value: str) -> str:
+    return f"[{value}]" if ":" in value else value
+
+
+def _placeholder(var: str) -> str:
+    return "{pdlaunch:" + var + "}"
+
+
+def _engine_url(components_: list[Component], p: Process) -> str:
+    c = next(c for c in components_ if p in c.processes)
+    port = urlsplit(p.health_url or "").port
+    return f"http://{_placeholder(addr_var(c.index, c.node_of(p)))}:{port}"
+
+
+def _runtime_router_argv(plan: Plan, comps: list[Component]) -> list[str]:
+    """The router's argv with each engine URL (or host, for the toy proxy) taken from the
+    node Slurm gave that engine, position by position (the plan lists the URLs in plan
+    order: prefill then decode, each instance's serving nodes)."""
+    argv = list(plan.router.argv)
+    serving = {
+        role: [p for p in plan.by_role(role) if p.health_url]  # type: ignore[arg-type]
+        for role in ("prefill", "decode")
+    }
+    seen = {"prefill": 0, "decode": 0}
+    i = 0
+    while i < len(argv):
+        flag = argv[i]
+        role = {"--prefill": "prefill", "--decode": "decode"}.get(flag)
+        hosts_role = {"--prefiller-hosts": "prefill", "--decoder-hosts": "decode"}.get(flag)
+        if role and i + 1 < len(argv) and seen[role] < len(serving[role]):
+            p = serving[role][seen[role]]
+            expected = p.health_url.rsplit("/", 1)[0] if p.health_url else ""
+            if argv[i + 1] != expected:
+                raise SlurmError(
+                    f"router argument {flag} {argv[i + 1]!r} is not {p.name}'s URL "
+                    f"{expected!r}; cannot place it under Slurm"
+                )
+            argv[i + 1] = _engine_url(comps, p)
+            seen[role] += 1
+            i += 2
+            continue
+        if hosts_role:
+            for p in serving[hosts_role]:
+                i += 1
+                c = next(c for c in comps if p in c.processes)
+                argv[i] = _placeholder(addr_var(c.index, c.node_of(p)))
+        i += 1
+    return argv
+
+
+def _runtime_engine(p: Process, comps: list[Component]) -> Process:
+    env = dict(p.env)
+    if SIDE_CHANNEL_HOST in env:
+        env[SIDE_CHANNEL_HOST] = _placeholder(NODE_ADDR)
+    var = profile(p.device).visible_devices_var if p.device else None
+    if var and var in env:
+        env[var] = _placeholder(DEVICES)
+    if CPU_BIND in env:
+        env[CPU_BIND] = _placeholder(CPUS)
+    argv = list(p.argv)
+    if "--data-parallel-address" in argv:
+        c = next(c for c in comps if p in c.processes)
+        master = next(q for q in c.processes if q.instance == p.instance and q.node_index == 0)
+        argv[argv.index("--data-parallel-address") + 1] = _placeholder(
+            addr_var(c.index, c.node_of(master))
+        )
+    return p.model_copy(update={"env": env, "argv": argv})
+
+
+def runtime_plan(plan: Plan) -> Plan:
+    """The plan with every value Slurm decides at run time replaced by a placeholder."""
+    text = plan.model_dump_json()
+    if _PLACEHOLDER_MARK in text:
+        raise SlurmError(
+            f"the plan contains the text {_PLACEHOLDER_MARK!r}, which the Slurm backend "
+            "reserves for values decided at run time; remove it from the topology"
+        )
+    comps = components(plan)
+    procs = []
+    for p in plan.processes:
+        if p.role == "router":
+            procs.append(p.model_copy(update={"argv": _runtime_router_argv(plan, comps)}))
+        else:
+            procs.append(_runtime_engine(p, comps))
+    return plan.model_copy(update={"processes": procs})
+
+
+def _fill(text: str, name: str) -> str:
+    """Placeholders -> shell variable references. Every placeholder sits in a value that
+    `shquote` single-quoted (``{`` is never left bare), so closing the quote, expanding the
+    variable in double quotes and reopening it is the whole substitution."""
+    for line in text.splitlines():
+        if line.startswith("#") and _PLACEHOLDER_MARK in line:
+            raise SlurmError(f"{name}: a run-time value reached a comment line: {line!r}")
+    return _PLACEHOLDER.sub(lambda m: "'\"${" + m.group(1) + "}\"'", text)
+
+
+def process_scripts(plan: Plan) -> list[RenderedFile]:
+    """Each process's script as `pdlaunch render` writes it (same template, same quoting),
+    with the run-time values read from the variables the driver sets."""
+    files = render_plan(runtime_plan(plan))
+    return [
+        RenderedFile(f.name, _fill(f.content, f.name), f.executable)
+        for f in files
+        if f.name.endswith(".sh")
+    ]
+
+
+# -- the driver -----------------------------------------------------------------------------------
+# Constant shell code (no plan value is ever spliced in): the node runner each engine step
+# starts. $1 the process script; $2 the visible-devices variable or -; $3 the plan's device
+# indices or -; $4 the plan's CPU binding or -.
+NODE_RUNNER = r"""set -eu
+script=$1 var=$2 devs=$3 bind=$4
+if [ "$var" != - ]; then
+    given=${!var:-}
+    if [ -n "$given" ]; then
+        # Slurm gave the step these devices: the plan's indices count within them.
+        IFS=, read -r -a have <<< "$given"
+        out=
+        for i in ${devs//,/ }; do
+            if [ "$i" -ge "${#have[@]}" ]; then
+                echo "pdlaunch: device $i is not among the ${#have[@]}" \
+                    "Slurm gave this step ($var=$given)" >&2
+                exit 95
+            fi
+            out=${out:+$out,}${have[$i]}
+        done
+        export PDLAUNCH_DEVICES=$out
+    else
+        export PDLAUNCH_DEVICES=$devs
+    fi
+fi
+if [ "$bind" != - ]; then
+    # The plan's cores when Slurm lets this step use them all, else vLLM's own choice
+    # within the step's CPUs ("auto" reads the affinity mask).
+    expand() {
+        for part in ${1//,/ }; do
+            case $part in *-*) seq "${part%-*}" "${part#*-}";; *) echo "$part";; esac
+        done
+    }
+    allowed=$(awk '$1 == "Cpus_allowed_list:" {print $2}' /proc/self/status)
+    have=" $(expand "$allowed" | tr '\n' ' ') "
+    PDLAUNCH_CPU_BIND=$bind
+    for c in $(expand "${bind//|/,}"); do
+        case $have in *" $c "*) ;; *) PDLAUNCH_CPU_BIND=auto;; esac
+    done
+    if [ "$PDLAUNCH_CPU_BIND" = auto ]; then
+        echo "pdlaunch: cores $bind are not all among this step's CPUs ($allowed):" \
+            "VLLM_CPU_OMP_THREADS_BIND=auto" >&2
+    fi
+    export PDLAUNCH_CPU_BIND
+fi
+exec "$script"
+"""
+
+# `$1` host, `$2` port, `$3` path: exit 0 on HTTP 200. Bash's /dev/tcp (no curl on the node).
+HTTP_PROBE = r"""exec 3<>"/dev/tcp/$1/$2" || exit 1
+printf 'GET %s HTTP/1.0\r\nHost: %s\r\nConnection: close\r\n\r\n' "$3" "$1" >&3
+IFS= read -r line <&3 || exit 1
+case $line in "HTTP/1."?" 200"*) exit 0;; esac
+exit 1
+"""
+
+# Jinja: `nodes(c)` is the bash array of component c's node names, `addr(c, k)` the variable
+# holding node k's address; `q` is shquote. Plan values only ever pass through `q`/`comment`.
+_DRIVER = r"""#!/bin/bash
+# Generated by pdlaunch {{ version }}: the Slurm job of deployment {{ plan.deployment | comment }}
+# ({{ comps | length }} component(s){% if comps | length > 1 %}, a heterogeneous job{% endif %}).
+{% for c in comps %}
+{% if not loop.first %}
+#SBATCH hetjob
+{% endif %}
+# component {{ c.index }}: {{ c.instances | join(", ") | comment }}
+# ({{ c.roles | join("+") }}) on {{ c.hosts | length }} node(s)
+{% for opt in sbatch[loop.index0] %}
+#SBATCH {{ opt }}
+{% endfor %}
+{% endfor %}
+set -uo pipefail
+
+start_timeout={{ start_timeout }}
+pdl_node_runner={{ node_runner | q }}
+pdl_http_probe={{ http_probe | q }}
+pdl_pids=()
+pdl_names=()
+
+pdl_log() { echo "pdlaunch[$(date +%H:%M:%S)]: $*"; }
+pdl_stop() {
+    trap - EXIT TERM INT
+    for pid in "${pdl_pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+    wait
+}
+trap 'pdl_stop' EXIT
+trap 'pdl_log "signalled: stopping every step"; exit 143' TERM INT
+
+# The address Slurm reaches a node at (its NodeAddr), as an IP: a name goes through the
+# resolver here, on the job's first node.
+pdl_addr() {
+    local addr
+    addr=$(scontrol show node -o "$1" | tr ' ' '\n' | sed -n 's/^NodeAddr=//p')
+    addr=${addr:-$1}
+    case $addr in
+        *:*) echo "$addr";;
+        *[!0-9.]*) getent ahostsv4 "$addr" | awk 'NR == 1 {print $1; exit}';;
+        *) echo "$addr";;
+    esac
+}
+pdl_healthy() { timeout 5 bash -c "$pdl_http_probe" pdl-probe "$@" 2>/dev/null; }
+# $1 name, $2 pid of its step, $3 host, $4 port, $5 path (empty: no HTTP server), $6 log
+pdl_wait() {
+    local end=$((SECONDS + start_timeout))
+    while :; do
+        if ! kill -0 "$2" 2>/dev/null; then
+            pdl_log "$1 exited before it was healthy (log: $6)"
+            exit 1
+        fi
+        if [ -z "$5" ]; then pdl_log "$1 is running (no HTTP server)"; return; fi
+        if pdl_healthy "$3" "$4" "$5"; then pdl_log "$1 is healthy: http://$3:$4$5"; return; fi
+        if [ $SECONDS -ge $end ]; then
+            pdl_log "$1 not healthy after ${start_timeout}s (log: $6)"
+            exit 1
+        fi
+        sleep 1
+    done
+}
+
+# The nodes Slurm chose, and their addresses.
+pdl_loopback=0 pdl_routable=0
+{% for c in comps %}
+mapfile -t {{ nodes(c.index) }} < <(scontrol show hostnames "${{ nodelist_var(c.index) }}")
+{% for k in range(c.hosts | length) %}
+{{ addr(c.index, k) }}=$(pdl_addr "${{ '{' }}{{ nodes(c.index) }}[{{ k }}]}")
+if [ -z "${{ addr(c.index, k) }}" ]; then
+    pdl_log "no address for node {{ k }} of component {{ c.index }}"; exit 1
+fi
+export {{ addr(c.index, k) }}
+case ${{ addr(c.index, k) }} in 127.*|::1) pdl_loopback=1;; *) pdl_routable=1;; esac
+{% endfor %}
+pdl_log "component {{ c.index }}: ${{ '{' }}{{ nodes(c.index) }}[*]}"
+{% endfor %}
+# Loopback for some nodes only: a name that resolves to 127.0.1.1 on this node (Debian's
+# /etc/hosts) would send the other nodes to themselves.
+if [ $pdl_loopback = 1 ] && [ $pdl_routable = 1 ]; then
+    pdl_log "some nodes resolve to a loopback address on $(hostname):" \
+{% for c in comps %}
+{% for k in range(c.hosts | length) %}
+        "${{ '{' }}{{ nodes(c.index) }}[{{ k }}]}=${{ addr(c.index, k) }}" \
+{% endfor %}
+{% endfor %}
+        "; set each node's NodeAddr to its IP in slurm.conf"
+    exit 1
+fi
+
+{% for s in engine_steps %}
+# {{ s.name | comment }} ({{ s.role }}), node {{ s.node }} of component {{ s.component }}
+{{ node_addr }}="${{ s.addr }}" srun{{ s.het }} --nodes=1 --ntasks=1 \
+    --nodelist="${{ '{' }}{{ nodes(s.component) }}[{{ s.node }}]}" --overlap --export=ALL \
+    --job-name={{ s.name | q }} --chdir={{ s.work_dir | q }} \
+    --output={{ s.log | q }} --open-mode=append \
+    bash -c "$pdl_node_runner" pdlaunch-node {{ s.script | q }} \
+    {{ s.var | q }} {{ s.devs | q }} {{ s.bind | q }} &
+pdl_pids+=($!); pdl_names+=({{ s.name | q }})
+{% endfor %}
+
+{% for s in engine_steps %}
+pdl_wait {{ s.name | q }} "${pdl_pids[{{ loop.index0 }}]}" "${{ s.addr }}" \
+    {{ s.port | q }} {{ s.path | q }} {{ s.log | q }}
+{% endfor %}
+
+# The router, on the allocation's first node.
+srun{{ router.het }} --nodes=1 --ntasks=1 --nodelist="${{ '{' }}{{ nodes(0) }}[0]}" \
+    --overlap --export=ALL --job-name=router --chdir={{ router.work_dir | q }} \
+    --output={{ router.log | q }} --open-mode=append {{ router.script | q }} &
+pdl_pids+=($!); pdl_names+=(router)
+pdl_wait router "$!" "${{ router.addr }}" \
+    {{ router.port | q }} {{ router.path | q }} {{ router.log | q }}
+pdl_log "up: http://${{ router.addr }}:{{ router.port }}"
+
+# Serve until any process ends (or scancel): then stop the others and end the job.
+wait -n
+rc=$?
+for i in "${!pdl_pids[@]}"; do
+    kill -0 "${pdl_pids[$i]}" 2>/dev/null || pdl_log "${pdl_names[$i]} ended (status $rc)"
+done
+exit 1
+"""
+
+
+def _component_options(c: Component, plan: Plan, opts: SlurmOptions) -> list[str]:
+    out = [f"--job-name=pdlaunch-{plan.deployment}"]
+    roles = c.roles
+    partition = opts.role_partitions.get(roles[0]) if len(roles) == 1 else None
+    partition = partition or opts.partition
+    if partition:
+        out.append(f"--partition={partition}")
+    if opts.account:
+        out.append(f"--account={opts.account}")
+    if opts.qos:
+        out.append(f"--qos={opts.qos}")
+    if opts.time:
+        out.append(f"--time={opts.time}")
+    out += [f"--nodes={len(c.hosts)}", "--ntasks-per-node=1"]
+    if opts.nodelist is not None:
+        out.append("--nodelist=" + ",".join(_nodes_for(c, opts.nodelist)))
+    gpus = c.per_node("cuda")
+    if gpus:
+        out.append(f"--gpus-per-node={gpus}")
+    for kind in ("hpu", "npu"):
+        n = c.per_node(kind)
+        if n:
+            out.append(f"--gres={opts.gres.get(kind, kind)}:{n}")
+    cores = c.per_node("cpu")
+    if cores:
+        out.append(f"--cpus-per-task={max(cores, opts.cpus_per_task or 0)}")
+    elif opts.cpus_per_task:
+        out.append(f"--cpus-per-task={opts.cpus_per_task}")
+    if opts.mem:
+        out.append(f"--mem={opts.mem}")
+    if opts.exclusive:
+        out.append("--exclusive")
+    out += list(opts.extra_sbatch)
+    for o in out:
+        if not _SBATCH_VALUE.fullmatch(o):
+            raise SlurmError(f"sbatch option {o!r} would not survive an #SBATCH line")
+    return out
+
+
+def _nodes_for(c: Component, nodelist: tuple[str, ...]) -> list[str]:
+    """The nodes a component asks for by name: its topology hosts that are in the nodelist;
+    loopback or unknown hosts (the rules refuse a mix) take nodes in nodelist order."""
+    listed = {host_key(n): n for n in nodelist}
+    named = [listed[host_key(h)] for h in c.hosts if host_key(h) in listed]
+    if len(named) == len(c.hosts):
+        return named
+    return list(nodelist[: len(c.hosts)])
+
+
+@dataclass(frozen=True)
+class _Step:
+    name: str
+    role: str
+    component: int
+    node: int
+    het: str
+    addr: str
+    work_dir: str
+    script: str
+    log: str
+    port: str
+    path: str
+    var: str = "-"
+    devs: str = "-"
+    bind: str = "-"
+
+
+def _step(p: Process, c: Component, node: int, het: bool) -> _Step:
+    url = urlsplit(p.health_url) if p.health_url else None
+    var = profile(p.device).visible_devices_var if p.device else None
+    return _Step(
+        name=p.name,
+        role=p.role,
+        component=c.index,
+        node=node,
+        het=f" --het-group={c.index}" if het else "",
+        addr=addr_var(c.index, node),
+        work_dir=p.work_dir,
+        script=p.script_path,
+        log=p.log_path,
+        port=str(url.port) if url else "",
+        path=url.path if url else "",
+        var=var if var and var in p.env else "-",
+        devs=",".join(str(d) for d in p.devices) if var and var in p.env else "-",
+        bind=p.env.get(CPU_BIND, "-"),
+    )
+
+
+def job_dir(plan: Plan) -> str:
+    """Where the driver script and its own log live: the router's work dir."""
+    return plan.router.work_dir
+
+
+def driver_log(plan: Plan) -> str:
+    """The batch script's output (``%j``: Slurm puts the job id there)."""
+    return f"{job_dir(plan)}/logs/slurm-%j.log"
+
+
+def sbatch_script(plan: Plan, opts: SlurmOptions) -> str:
+    """The sbatch script (driver) of the deployment: same plan and options, same bytes."""
+    comps = components(plan)
+    if not comps:
+        raise SlurmError("the plan has no prefill or decode process to place")
+    het = len(comps) > 1
+    sbatch = [_component_options(c, plan, opts) for c in comps]
+    sbatch[0] += [f"--output={driver_log(plan)}", f"--chdir={job_dir(plan)}"]
+    for o in sbatch[0][-2:]:
+        if not _SBATCH_VALUE.fullmatch(o):
+            raise SlurmError(
+                f"the work dir in {o!r} cannot be written into an #SBATCH line: use a path of "
+                "letters, digits and _.,:=@%+/- only"
+            )
+    steps = [_step(p, c, c.node_of(p), het) for c in comps for p in c.processes]
+    r = plan.router
+    router = _step(r, comps[0], 0, het)
+
+    def nodelist_var(index: int) -> str:
+        return f"SLURM_JOB_NODELIST_HET_GROUP_{index}" if het else "SLURM_JOB_NODELIST"
+
+    env = jinja2.Environment(
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters.update(q=shquote, comment=comment)
+    return env.from_string(_DRIVER).render(
+        version=__version__,
+        plan=plan,
+        comps=comps,
+        sbatch=sbatch,
+        start_timeout=int(opts.start_timeout),
+        node_runner=NODE_RUNNER,
+        http_probe=HTTP_PROBE,
+        engine_steps=steps,
+        router=router,
+        addr=addr_var,
+        nodes=lambda index: f"pdl_nodes_{index}",
+        nodelist_var=nodelist_var,
+        node_addr=NODE_ADDR,
+    )
+
+
+def render_job(plan: Plan, opts: SlurmOptions) -> list[RenderedFile]:
+    """Every file the job needs: the process scripts and the driver (`DRIVER_NAME`)."""
+    return [*process_scripts(plan), RenderedFile(DRIVER_NAME, sbatch_script(plan, opts), True)]
