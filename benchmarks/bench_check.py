@@ -1,185 +1,178 @@
-"""`pdlaunch check` over 1 and 16 simulated hosts (real sshd processes on loopback).
+"""Wall time of `pdlaunch check --fast` over 1, 8 and 32 network-namespace hosts behind an
+injected round-trip time; goal (issue 12): wall(32) / wall(1) <= 1.3.
 
-    python benchmarks/bench_check.py [--hosts 1,16] [--repeat 5] [--python system|bare]
+The hosts, the relay (RTT/2 per direction, default RTT 50 ms, in user space: this kernel has
+no sch_netem) and the topology are those of bench_up.py (``benchmarks/netns_relay.py``): N
+hosts with one CPU prefill and one CPU decode each, the router on host 1, so the reachability
+pairs grow as N^2 (every decode host dials every prefill side channel, the router every HTTP
+port). Each run is one whole check (connect, one batch of probes per host, cluster
+comparison) through :func:`pdlaunch.check.runner.run_check`, as the CLI's `check --fast`
+and `up`'s preflight run it. The version and reachability probes run a Python without
+site-packages that sees vLLM 0.32.0 and NIXL metadata only (``probe_python``).
 
-Each simulated host is its own sshd (tests/sshd.py), with its own host key and home, all on
-127.0.0.1. The topology: N=1 puts prefill, decode and router on one host; N>1 puts N/2 CPU
-prefill instances and N/2 CPU decode instances on their own hosts (router on the first), so
-the pair probes grow with N (every decode host reaches every prefill side channel). Each run
-is a whole `pdlaunch check` (connect, every probe, every pair, cluster comparison) through
-:func:`pdlaunch.check.runner.run_check`, exactly what the CLI does. Runs are interleaved
-(1, 16, 1, 16, ...); prints median and best wall time per N and wall(N_max)/wall(1);
-the issue asks for wall(16)/wall(1) <= 1.5.
+Reported per N (medians of ``--repeat``, runs interleaved 1, 8, 32, 1, ...): wall time,
+pdlaunch's own CPU (getrusage of this process during the check; the relay and the hosts
+run elsewhere) in all and per host, the simulated hosts' CPU (each sshd and what it reaped:
+sessions, probe commands; on 2 shared cores no run can be faster than half of it), and SSH
+connections and commands per host. Needs root, iproute2, util-linux and OpenSSH's server.
 
-The simulation shares this machine's CPUs between all "hosts" (real hosts bring their own), so
-CPU-heavy per-host work shows up here and not in a real cluster. ``--python bare`` (default)
-runs the version probe with an interpreter that skips site-packages (the probe needs only the
-stdlib plus the package metadata it reads); ``--python system`` uses this interpreter with
-its full site-packages.
+    sudo .venv/bin/python benchmarks/bench_check.py [--hosts 1,8,32] [--repeat 3]
+        [--rtt-ms 50] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from pdlaunch.check.runner import CheckOptions, run_check  # noqa: E402
-from pdlaunch.load import load  # noqa: E402
-from pdlaunch.plan import build_plan  # noqa: E402
-from pdlaunch.rules import has_errors, validate  # noqa: E402
-from tests.sshd import SshdCluster, free_port  # noqa: E402
+import yaml  # noqa: E402
+from netns_relay import (  # noqa: E402
+    RelayedCluster,
+    count_ssh,
+    fanout_topology,
+    load_plan,
+    probe_python,
+    rtt_lines,
+)
 
-_USED: set[int] = set()
+from pdlaunch.check.runner import CheckOptions, CheckReport, run_check  # noqa: E402
 
-
-def new_port() -> int:
-    """A free port not handed out before in this run."""
-    while True:
-        port = free_port()
-        if port not in _USED:
-            _USED.add(port)
-            return port
+GOAL = 1.3
 
 
-def make_python(root: Path, mode: str) -> str:
-    if mode == "system":
-        return sys.executable
-    site = root / "site"
-    for dist, ver in (("vllm", "0.32.0"), ("nixl", "0.7.1")):
-        info = site / f"{dist}-{ver}.dist-info"
-        info.mkdir(parents=True, exist_ok=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {ver}\n")
-    py = root / "python"
-    py.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} -S "$@"\n')
-    py.chmod(0o755)
-    return str(py)
+def own_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
-def hosts_cpu(cluster: SshdCluster) -> float:
-    """CPU seconds used so far by the simulated hosts: each sshd and everything it reaped
-    (connections, sessions, the probe commands)."""
-    total = 0
-    for h in cluster.hosts:
-        with open(f"/proc/{h.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-def topology(n: int, hosts, cluster: SshdCluster, model: Path, python: str) -> dict:
-    def ssh(h) -> dict:
-        return {"port": h.port, "user": cluster.user, "key": str(cluster.key_file)}
-
-    def inst(h) -> dict:
-        return {
-            "host": "127.0.0.1",
-            "device": "cpu",
-            "port": new_port(),
-            "side_channel_port": new_port(),
-            "ssh": ssh(h),
-        }
-
-    if n == 1:
-        prefill, decode = [inst(hosts[0])], [inst(hosts[0])]
-    else:
-        half = n // 2
-        prefill = [inst(h) for h in hosts[:half]]
-        decode = [inst(h) for h in hosts[half:n]]
-    # one instance per host needs its own cores for the CPU binding rule
-    for i, x in enumerate(prefill + decode):
-        x["devices"] = [i % (os.cpu_count() or 1)]
+def run_one(plan, opts: CheckOptions, cluster: RelayedCluster) -> tuple[dict, CheckReport]:
+    n = len({p.host for p in plan.processes})
+    hosts0 = cluster.hosts_cpu()
+    with count_ssh() as counts:
+        t0, cpu0 = time.perf_counter(), own_cpu()
+        report = run_check(plan, opts)
+        wall, cpu = time.perf_counter() - t0, own_cpu() - cpu0
+    time.sleep(0.3)  # let each sshd reap its finished sessions (cutime)
     return {
-        "deployment": f"bench-check-{n}",
-        "model": {"name": str(model)},
-        "hosts": {"127.0.0.1": {"local": False}},
-        "defaults": {"ssh": ssh(hosts[0]), "env": {"PDLAUNCH_PYTHON": python}},
-        "prefill": prefill,
-        "decode": decode,
-        "router": {"host": "127.0.0.1", "port": new_port()},
-    }
+        "wall_s": wall,
+        "pdlaunch_cpu_s": cpu,
+        "pdlaunch_cpu_per_host_s": cpu / n,
+        "hosts_cpu_s": cluster.hosts_cpu() - hosts0,
+        **{f"ssh_{k}_per_host": v for k, v in counts.per_host().items()},
+    }, report
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--hosts", default="1,16", help="comma separated host counts")
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--python", choices=("bare", "system"), default="bare")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hosts", default="1,8,32", help="comma-separated host counts")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rtt-ms", type=float, default=50.0, help="injected round-trip time")
+    ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     counts = [int(x) for x in args.hosts.split(",")]
-    print(f"cpus: {os.cpu_count()}, python for the versions probe: {args.python}")
-    with (
-        tempfile.TemporaryDirectory(prefix="pdl-bench-check-") as tmp,
-        SshdCluster(Path(tmp) / "sshd") as cluster,
-    ):
-        root = Path(tmp)
-        model = root / "model"
-        model.mkdir()
-        (model / "config.json").write_text("{}")
-        python = make_python(root / "py", args.python)
-        t = time.monotonic()
-        hosts = cluster.start(max(counts))
-        print(f"started {len(hosts)} sshd hosts in {time.monotonic() - t:.1f}s")
-        plans = {}
-        for n in counts:
-            path = root / f"topology-{n}.yaml"
-            path.write_text(yaml.safe_dump(topology(n, hosts, cluster, model, python)))
-            topo, source = load(path)
-            findings = validate(topo, source)
-            if has_errors(findings):
-                raise SystemExit("\n".join(f.message for f in findings))
-            plans[n] = build_plan(topo)
-        opts = CheckOptions(known_hosts=str(cluster.known_hosts))
-        walls: dict[int, list[float]] = {n: [] for n in counts}
-        cpu: dict[int, list[float]] = {n: [] for n in counts}
-        reports = {}
-        for n in counts:
-            run_check(plans[n], opts)  # warm-up (imports, page cache, sshd first fork)
-        # interleaved, so that load from elsewhere on the machine hits every N alike
-        for _ in range(args.repeat):
+    say = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr))
+    runs: dict[int, list[dict]] = {n: [] for n in counts}
+    reports: dict[int, CheckReport] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-check-") as tmp_s:
+        tmp = Path(tmp_s)
+        python = probe_python(tmp / "py")
+        t0 = time.perf_counter()
+        with RelayedCluster(max(counts), args.rtt_ms, tmp / "ssh") as cluster:
+            say(f"started {max(counts)} namespace hosts in {time.perf_counter() - t0:.1f}s")
+            rtt = cluster.measure_rtt()
+            for line in rtt_lines(rtt, args.rtt_ms):
+                say(line)
+            plans = {}
             for n in counts:
-                c0, t = hosts_cpu(cluster), time.monotonic()
-                reports[n] = run_check(plans[n], opts)
-                walls[n].append(time.monotonic() - t)
-                time.sleep(0.5)  # let each sshd reap its finished connections (cutime)
-                cpu[n].append(hosts_cpu(cluster) - c0)
-        for n in counts:
-            report, c = reports[n], reports[n].counts()
-            unreachable = [h.label for h in report.hosts if not h.reachable]
-            if unreachable:
-                raise SystemExit(f"unreachable simulated hosts: {unreachable}")
-            print(
-                f"N={n:>2}: hosts={len(report.hosts):>2} pairs={len(report.pairs):>3} "
-                f"rows={len(report.results):>4} ({c['OK']} OK, {c['WARN']} WARN, "
-                f"{c['FAIL']} FAIL, {c['SKIP']} SKIP)  wall median "
-                f"{statistics.median(walls[n]):.3f}s min {min(walls[n]):.3f}s "
-                f"[{', '.join(f'{w:.2f}' for w in walls[n])}]"
+                path = tmp / f"check-{n}.yaml"
+                topo = fanout_topology(
+                    n,
+                    cluster,
+                    tmp,
+                    vllm_bin="vllm",
+                    router_bin="vllm-router",
+                    python=python,
+                    start_s=0,
+                )
+                path.write_text(yaml.safe_dump(topo, sort_keys=False))
+                plans[n] = load_plan(path)
+            opts = CheckOptions(
+                fast=True, known_hosts=str(cluster.known_hosts), ssh_config=str(cluster.ssh_config)
             )
-            hc = statistics.median(cpu[n])
-            print(
-                f"      simulated hosts' CPU per run {hc:.2f}s ({hc / n:.3f}s per host): "
-                f"on {os.cpu_count()} shared core(s) no run can finish in less than "
-                f"{hc / (os.cpu_count() or 1):.2f}s"
-            )
-        if len(counts) > 1:
-            lo, hi = min(counts), max(counts)
-            med = statistics.median(walls[hi]) / statistics.median(walls[lo])
-            best = min(walls[hi]) / min(walls[lo])
-            verdict = "OK" if med <= 1.5 else "ABOVE 1.5"
-            print(
-                f"wall({hi})/wall({lo}) = {med:.2f} (medians; {verdict}, target <= 1.5), "
-                f"{best:.2f} (best runs)"
-            )
-        print(f"load average after: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
+            for n in counts:
+                run_one(plans[n], opts, cluster)  # warm-up: imports, page cache, first forks
+            for _ in range(args.repeat):  # interleaved: load from elsewhere hits every N alike
+                for n in counts:
+                    r, reports[n] = run_one(plans[n], opts, cluster)
+                    runs[n].append(r)
+                    say(f"  {n:3d} host(s): {r['wall_s']:.2f}s")
+    for n in counts:
+        bad = [h.label for h in reports[n].hosts if not h.reachable]
+        if bad:
+            raise SystemExit(f"unreachable namespace hosts: {bad}")
+
+    def med(n: int, key: str) -> float:
+        return statistics.median(r[key] for r in runs[n])
+
+    base = counts[0]
+    ratios = {str(n): med(n, "wall_s") / med(base, "wall_s") for n in counts}
+    results = {
+        str(n): {
+            "hosts": len(reports[n].hosts),
+            "pairs": len(reports[n].pairs),
+            "rows": len(reports[n].results),
+            "counts": reports[n].counts(),
+            "walls_s": [r["wall_s"] for r in runs[n]],
+            **{k: med(n, k) for k in runs[n][0]},
+        }
+        for n in counts
+    }
+    report = {
+        "cpus": os.cpu_count(),
+        "loadavg": os.getloadavg(),
+        "repeat": args.repeat,
+        "rtt_ms": args.rtt_ms,
+        "rtt_measured": rtt,
+        "results": results,
+        "ratio_wall_vs_first": ratios,
+        "goal": GOAL,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(
+        f"\n{'hosts':>5} {'pairs':>5} {'rows':>5} {'wall s':>16} {'pdl CPU s':>9} "
+        f"{'/host':>6} {'hosts CPU':>9} {'floor s':>7} {'conn/h':>6} {'cmd/h':>6}  result"
+    )
+    for n in counts:
+        r, walls, c = results[str(n)], [x["wall_s"] for x in runs[n]], reports[n].counts()
+        print(
+            f"{n:5d} {r['pairs']:5d} {r['rows']:5d} {r['wall_s']:6.2f} "
+            f"({min(walls):.2f}-{max(walls):.2f}) {r['pdlaunch_cpu_s']:9.2f} "
+            f"{r['pdlaunch_cpu_per_host_s']:6.3f} {r['hosts_cpu_s']:9.2f} "
+            f"{r['hosts_cpu_s'] / (os.cpu_count() or 1):7.2f} "
+            f"{r['ssh_connections_per_host']:6.1f} {r['ssh_commands_per_host']:6.1f}  "
+            f"{c['OK']} OK, {c['WARN']} WARN, {c['FAIL']} FAIL, {c['SKIP']} SKIP"
+        )
+    for n in counts[1:]:
+        verdict = "OK" if ratios[str(n)] <= GOAL else f"ABOVE {GOAL}"
+        print(f"wall({n})/wall({base}) = {ratios[str(n)]:.2f} ({verdict}, goal <= {GOAL})")
+    la = os.getloadavg()
+    print(
+        f"floor: the simulated hosts' CPU over {os.cpu_count()} shared CPUs; load average "
+        f"{la[0]:.1f} {la[1]:.1f} {la[2]:.1f}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,21 +1,35 @@
-"""Wall time of `pdlaunch up` until every process is healthy, for 1, 8 and 32 simulated hosts
-reached through real sshd; target (issue 3): wall(32) / wall(1) <= 1.5.
+"""Wall time of `pdlaunch up --no-canary` until every process is healthy, for 1, 8 and 32
+network-namespace hosts behind an injected round-trip time; goal (issue 12): wall(32) /
+wall(1) <= 1.3.
 
-Each simulated host is its own sshd on its own loopback address (127.0.0.2, 127.0.0.3, ...:
-all of 127.0.0.0/8 is loopback on Linux), forced over SSH in the topology
-(``hosts: {ADDR: {local: false, ssh: {...}}}``), and runs one prefill and one decode of the
-fake engine (tests/launch/fake_vllm.py), so N hosts = N prefill + N decode processes; the
-router (tests/launch/fake_router.py, same flags as vllm-router) runs on the control host.
-Needs OpenSSH's server (``apt-get install openssh-server``).
+What is simulated, and why it measures pdlaunch rather than this machine:
 
-    python benchmarks/bench_up.py [--hosts 1,8,32] [--repeat 3] [--canary] [--json]
+* Hosts: ``tests/netns.py`` namespaces ``pdl-hN`` (10.231.k.(10+N)), each with its own sshd,
+  network stack and work dir, one CPU prefill and one CPU decode per host (2N engines), the
+  router on host 1: 2N+1 processes.
+* Latency: the kernel here has no sch_netem, so ``benchmarks/netns_relay.py`` (its own
+  process) relays each host's SSH with RTT/2 per direction (default RTT 50 ms) and one RTT
+  before the first byte; the measured SSH round trip is printed before the runs. Health
+  probes go straight to the namespace addresses (no delay).
+* Engines: a stand-in that sleeps ``--engine-start-s`` (default 1 s) in nanosleep, then
+  answers every HTTP request with 200 (``/health`` is all `up --no-canary` needs): a 30-line C
+  program built here with ``cc`` (about 0.6 ms CPU per start on this VM), else the same in
+  ``python3 -S`` with only ``socket`` (about 10 ms); the script prints which and its measured
+  CPU per start. tests/launch/fake_vllm.py costs about 22 ms per start and is not needed
+  without the canary. So 65 "starting" engines cost almost no CPU, as on a real cluster where
+  each host brings its own.
+* Like the CLI's `up`, the fast preflight check (check --fast) runs inside `up` unless
+  ``--skip-check``.
 
-Reported per N: the median (and min/max) of the time from the start of `up` until the last
-process (router included) answered /health (``healthy_s``) and of the whole `up` call
-(``up_s``: + canary when ``--canary``), `down` time, and pdlaunch's own CPU time during `up`
-(``control_cpu_s``: what grows with N on a real cluster, where each host brings its own CPUs;
-here every simulated host's sshd and engines share this machine's CPUs). Each run is followed
-by a `down`.
+Reported per N (medians of ``--repeat``, runs interleaved 1, 8, 32, 1, ...): ``healthy_s``
+(start of `up` until the router answered /health), ``up_s`` (the whole call), ``preflight_s``,
+``down_s``, pdlaunch's own CPU (getrusage of this process during `up`; the relay and the
+hosts run elsewhere) in all and per host, the simulated hosts' CPU (their sshd and what it
+reaped), and the SSH connections and commands per host per `up`, by kind. Needs root, iproute2,
+util-linux and OpenSSH's server (scripts/install.sh).
+
+    sudo .venv/bin/python benchmarks/bench_up.py [--hosts 1,8,32] [--repeat 3] [--rtt-ms 50]
+        [--engine-start-s 1] [--skip-check] [--json]
 """
 
 from __future__ import annotations
@@ -23,102 +37,231 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import shutil
+import signal
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import yaml  # noqa: E402
+from netns_relay import (  # noqa: E402
+    RelayedCluster,
+    count_ssh,
+    fanout_topology,
+    load_plan,
+    probe_python,
+    rtt_lines,
+)
 
 from pdlaunch import launch  # noqa: E402
-from pdlaunch.load import load  # noqa: E402
-from pdlaunch.plan import build_plan  # noqa: E402
-from pdlaunch.rules import has_errors, validate  # noqa: E402
-from tests.sshd import SshdCluster, SshdHost, free_port  # noqa: E402
+from pdlaunch.check.results import Status  # noqa: E402
+from pdlaunch.check.runner import CheckOptions, run_check  # noqa: E402
 
-FAKES = ROOT / "tests" / "launch"
+GOAL = 1.3
 
-
-class LoopbackCluster(SshdCluster):
-    """SshdCluster whose host i listens on 127.0.0.(i+2) instead of 127.0.0.1, so that
-    hosts have distinct addresses (the topology keys hosts by address)."""
-
-    def _prepare(self, index: int) -> SshdHost:
-        h = super()._prepare(index)
-        h.host = f"127.0.0.{index + 2}"
-        h.port = free_port(h.host)
-        self._write_config(h)
-        return h
-
-
-def install_fake(src: Path, dest: Path) -> str:
-    body = src.read_text().split("\n", 1)[1]
-    dest.write_text(f"#!{sys.executable} -S\n{body}")  # -S: no site-packages, faster
-    dest.chmod(0o755)
-    return str(dest)
-
-
-def topology(n: int, cluster: LoopbackCluster, tmp: Path, bins: dict[str, str]) -> dict:
-    hosts = cluster.hosts[:n]
-    router_port = free_port()
-
-    # Distinct ports although the addresses differ: the port-conflict rule treats every
-    # loopback address as one machine ("localhost"), as it must for bind 0.0.0.0.
-    def inst(h: SshdHost, port: int, side: int) -> dict:
-        return {
-            "host": h.host,
-            "device": "cpu",
-            "port": port,
-            "bind": h.host,
-            "side_channel_port": side,
-        }
-
-    return {
-        "deployment": f"bench-up-{n}",
-        "model": {"name": "fake-model"},
-        "defaults": {"work_dir": str(tmp / "work"), "vllm_bin": bins["vllm"]},
-        "hosts": {
-            h.host: {
-                "local": False,
-                "ssh": {"user": cluster.user, "port": h.port, "key": str(cluster.key_file)},
-            }
-            for h in hosts
-        },
-        "prefill": [inst(h, 20100 + i, 22100 + i) for i, h in enumerate(hosts)],
-        "decode": [inst(h, 21100 + i, 23100 + i) for i, h in enumerate(hosts)],
-        "router": {
-            "host": "127.0.0.1",
-            "bind": "127.0.0.1",
-            "port": router_port,
-            "binary": bins["router"],
-        },
+STANDIN_C = r"""
+/* engine/router stand-in: sleep STANDIN_START_S, then answer every request with 200 */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    const char *host = "0.0.0.0"; int port = 0, one = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--host") && i + 1 < argc) host = argv[++i];
+        else if (!strcmp(argv[i], "--port") && i + 1 < argc) port = atoi(argv[++i]);
     }
+    const char *d = getenv("STANDIN_START_S");
+    if (d) {
+        double s = atof(d);
+        struct timespec ts = {(time_t)s, (long)((s - (time_t)s) * 1e9)};
+        while (nanosleep(&ts, &ts)) {}
+    }
+    signal(SIGPIPE, SIG_IGN);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET; a.sin_port = htons(port);
+    if (inet_pton(AF_INET, host, &a.sin_addr) != 1) return 2;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 128)) return 3;
+    static const char r[] = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                            "Content-Length: 3\r\nConnection: close\r\n\r\nok\n";
+    char buf[4096];
+    for (;;) {
+        int c = accept(fd, 0, 0);
+        if (c < 0) continue;
+        ssize_t n; size_t got = 0;
+        while (got < sizeof buf - 1 && (n = read(c, buf + got, sizeof buf - 1 - got)) > 0) {
+            got += n; buf[got] = 0;
+            if (strstr(buf, "\r\n\r\n")) break;
+        }
+        (void)!write(c, r, sizeof r - 1);
+        close(c);
+    }
+}
+"""
+
+STANDIN_PY = """\
+import os, socket, sys, time
+a = sys.argv
+host, port = a[a.index("--host") + 1], int(a[a.index("--port") + 1])
+time.sleep(float(os.environ.get("STANDIN_START_S", "0")))
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((host, port))
+s.listen(128)
+while True:
+    c, _ = s.accept()
+    c.recv(4096)
+    c.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: 3\\r\\nConnection: close\\r\\n\\r\\nok\\n")
+    c.close()
+"""
 
 
-def run_one(path: Path, known_hosts: str, canary: bool) -> dict[str, float]:
-    topo, source = load(path)
-    findings = validate(topo, source)
-    assert not has_errors(findings), [f.message for f in findings if f.severity == "error"]
-    plan = build_plan(topo)
-    opts = launch.UpOptions(timeout=300, canary=canary, known_hosts=known_hosts, stop_grace=5)
-    t0 = time.perf_counter()
-    cpu0 = time.process_time()
-    result = launch.up(plan, opts)
-    up_s = time.perf_counter() - t0
-    control_cpu_s = time.process_time() - cpu0  # pdlaunch's own CPU (all threads)
-    assert result.changed, result.message
+def build_standin(dest: Path) -> tuple[str, str]:
+    """The cheapest stand-in this machine can make: (path, what it is)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is not None:
+        src = dest / "standin.c"
+        src.write_text(STANDIN_C)
+        exe = dest / "standin"
+        res = subprocess.run([cc, "-O2", "-o", str(exe), str(src)], capture_output=True)
+        if res.returncode == 0:
+            return str(exe), f"C responder ({Path(cc).name})"
+    python = shutil.which("python3") or sys.executable
+    exe = dest / "standin.py"
+    exe.write_text(f"#!{python} -S\n{STANDIN_PY}")
+    exe.chmod(0o755)
+    return str(exe), f"python3 -S responder ({python})"
+
+
+def standin_cpu_ms(exe: str, samples: int = 5) -> float:
+    """Median CPU (ms) of one stand-in start that answers one /health, measured here."""
+    cpu = []
+    for _ in range(samples):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = subprocess.Popen(
+            [exe, "serve", "m", "--host", "127.0.0.1", "--port", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "STANDIN_START_S": "0"},
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                    r.read()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    proc.wait()
+                    raise SystemExit(f"the stand-in {exe} never answered /health") from None
+                time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGTERM)
+        _, _, ru = os.wait4(proc.pid, 0)
+        proc.returncode = 0  # reaped by wait4: keep Popen from waiting again
+        cpu.append((ru.ru_utime + ru.ru_stime) * 1000)
+    return statistics.median(cpu)
+
+
+def own_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def preflight(plan, cluster: RelayedCluster, took: list[float]):
+    """What the CLI's `up` runs before starting anything (cli/launch.py ``_preflight``)."""
+
+    def run() -> None:
+        t0 = time.perf_counter()
+        report = run_check(
+            plan,
+            CheckOptions(
+                fast=True, known_hosts=str(cluster.known_hosts), ssh_config=str(cluster.ssh_config)
+            ),
+        )
+        took.append(time.perf_counter() - t0)
+        if report.failed:
+            bad = [
+                f"{r.probe} {r.target}: {r.message}"
+                for r in report.results
+                if r.status == Status.FAIL
+            ]
+            raise launch.LaunchError("preflight check failed: " + "; ".join(bad[:5]))
+
+    return run
+
+
+def run_one(path: Path, cluster: RelayedCluster, check: bool) -> dict[str, float]:
+    plan = load_plan(path)
+    took: list[float] = []
+    opts = launch.UpOptions(
+        timeout=300,
+        canary=False,
+        known_hosts=str(cluster.known_hosts),
+        ssh_config=str(cluster.ssh_config),
+        stop_grace=5,
+        preflight=preflight(plan, cluster, took) if check else None,
+    )
+    n = len({p.host for p in plan.processes})
+    hosts0, relay0 = cluster.hosts_cpu(), cluster.relay_cpu()
+    with count_ssh() as counts:
+        t0, cpu0 = time.perf_counter(), own_cpu()
+        result = launch.up(plan, opts)
+        up_s, cpu_s = time.perf_counter() - t0, own_cpu() - cpu0
+    if not result.changed:
+        raise SystemExit(f"up did not start anything: {result.message}")
+    time.sleep(0.3)  # let each sshd reap its finished sessions (cutime)
+    hosts_cpu = cluster.hosts_cpu() - hosts0
+    relay_cpu = cluster.relay_cpu() - relay0
     t1 = time.perf_counter()
-    launch.down(plan.deployment, known_hosts=known_hosts, grace=5)
+    launch.down(  # raises when something could not be stopped
+        plan.deployment,
+        known_hosts=str(cluster.known_hosts),
+        ssh_config=str(cluster.ssh_config),
+        grace=5,
+    )
     down_s = time.perf_counter() - t1
     return {
         "healthy_s": result.healthy_s,
         "up_s": up_s,
+        "preflight_s": took[0] if took else 0.0,
         "down_s": down_s,
-        "control_cpu_s": control_cpu_s,
+        "pdlaunch_cpu_s": cpu_s,
+        "pdlaunch_cpu_per_host_s": cpu_s / n,
+        "hosts_cpu_s": hosts_cpu,
+        "relay_cpu_s": relay_cpu,
+        **{f"ssh_{k}_per_host": v for k, v in counts.per_host().items()},
+    }
+
+
+def summarize(runs: list[dict[str, float]]) -> dict[str, dict[str, float]]:
+    keys = sorted({k for r in runs for k in r})
+    return {
+        k: {
+            "median": statistics.median(r.get(k, 0.0) for r in runs),
+            "min": min(r.get(k, 0.0) for r in runs),
+            "max": max(r.get(k, 0.0) for r in runs),
+        }
+        for k in keys
     }
 
 
@@ -126,70 +269,114 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", default="1,8,32", help="comma-separated host counts")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--canary", action="store_true", help="include the canary in up_s")
+    ap.add_argument("--rtt-ms", type=float, default=50.0, help="injected round-trip time")
+    ap.add_argument("--engine-start-s", type=float, default=1.0, help="stand-in start time")
+    ap.add_argument("--skip-check", action="store_true", help="no preflight (up --skip-check)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     counts = [int(x) for x in args.hosts.split(",")]
-    results: dict[int, dict[str, dict[str, float]]] = {}
+    say = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr))
     with tempfile.TemporaryDirectory(prefix="bench-up-") as tmp_s:
         tmp = Path(tmp_s)
         os.environ["PDLAUNCH_STATE_DIR"] = str(tmp / "state")
-        bins = {
-            "vllm": install_fake(FAKES / "fake_vllm.py", tmp / "fake-vllm"),
-            "router": install_fake(FAKES / "fake_router.py", tmp / "fake-router"),
-        }
-        with LoopbackCluster(tmp / "sshd") as cluster:
-            t0 = time.perf_counter()
-            cluster.start(max(counts))
-            if not args.json:
-                print(
-                    f"started {max(counts)} sshd in {time.perf_counter() - t0:.1f}s",
-                    file=sys.stderr,
-                )
+        standin, kind = build_standin(tmp / "bin")
+        standin_ms = standin_cpu_ms(standin)
+        say(f"stand-in: {kind}, {standin_ms:.1f} ms CPU per start (incl. one /health)")
+        python = probe_python(tmp / "py")
+        t0 = time.perf_counter()
+        with RelayedCluster(max(counts), args.rtt_ms, tmp / "ssh") as cluster:
+            say(f"started {max(counts)} namespace hosts in {time.perf_counter() - t0:.1f}s")
+            rtt = cluster.measure_rtt()
+            for line in rtt_lines(rtt, args.rtt_ms):
+                say(line)
+            paths = {}
             for n in counts:
-                path = tmp / f"bench-{n}.yaml"
-                path.write_text(yaml.safe_dump(topology(n, cluster, tmp, bins), sort_keys=False))
-                runs = [
-                    run_one(path, str(cluster.known_hosts), args.canary) for _ in range(args.repeat)
-                ]
-                results[n] = {
-                    key: {
-                        "median": statistics.median(r[key] for r in runs),
-                        "min": min(r[key] for r in runs),
-                        "max": max(r[key] for r in runs),
-                    }
-                    for key in runs[0]
-                }
-                if not args.json:
-                    r = results[n]
-                    print(
-                        f"{n:3d} host(s), {2 * n + 1:3d} processes: healthy "
-                        f"{r['healthy_s']['median']:.2f}s (min {r['healthy_s']['min']:.2f}, "
-                        f"max {r['healthy_s']['max']:.2f})  up {r['up_s']['median']:.2f}s  "
-                        f"down {r['down_s']['median']:.2f}s  "
-                        f"pdlaunch cpu {r['control_cpu_s']['median']:.2f}s",
-                        file=sys.stderr,
-                    )
-    base = results[counts[0]]["healthy_s"]["median"]
-    ratios = {n: results[n]["healthy_s"]["median"] / base for n in counts}
+                paths[n] = tmp / f"bench-{n}.yaml"
+                topo = fanout_topology(
+                    n,
+                    cluster,
+                    tmp,
+                    vllm_bin=standin,
+                    router_bin=standin,
+                    python=python,
+                    start_s=args.engine_start_s,
+                )
+                paths[n].write_text(yaml.safe_dump(topo, sort_keys=False))
+            run_one(paths[counts[0]], cluster, not args.skip_check)  # warm-up: imports, caches
+            runs: dict[int, list[dict[str, float]]] = {n: [] for n in counts}
+            for _ in range(args.repeat):  # interleaved: load from elsewhere hits every N alike
+                for n in counts:
+                    runs[n].append(run_one(paths[n], cluster, not args.skip_check))
+                    r = runs[n][-1]
+                    say(f"  {n:3d} host(s): healthy {r['healthy_s']:.2f}s up {r['up_s']:.2f}s")
+    results = {n: summarize(runs[n]) for n in counts}
+    base = counts[0]
+
+    def med(n: int, key: str) -> float:
+        return results[n][key]["median"]
+
+    start_s = args.engine_start_s
+    ratios = {
+        key: {str(n): med(n, key) / med(base, key) for n in counts} for key in ("healthy_s", "up_s")
+    }
+    overhead = {
+        str(n): (med(n, "healthy_s") - start_s) / (med(base, "healthy_s") - start_s) for n in counts
+    }
     report = {
         "cpus": os.cpu_count(),
         "loadavg": os.getloadavg(),
         "repeat": args.repeat,
-        "canary": args.canary,
+        "rtt_ms": args.rtt_ms,
+        "rtt_measured": rtt,
+        "engine_start_s": start_s,
+        "preflight": not args.skip_check,
+        "standin": {"kind": kind, "cpu_ms_per_start": standin_ms},
         "results": {str(n): results[n] for n in counts},
-        "ratio_healthy_vs_first": {str(n): round(r, 3) for n, r in ratios.items()},
+        "ratios": ratios,
+        "ratio_healthy_minus_engine_start": overhead,
+        "goal": GOAL,
     }
     if args.json:
         print(json.dumps(report, indent=2))
-    else:
-        for n in counts[1:]:
-            print(f"wall({n})/wall({counts[0]}) = {ratios[n]:.2f}")
-        la = os.getloadavg()
+        return
+    print(
+        f"\n{'hosts':>5} {'procs':>5} {'healthy s':>16} {'up s':>6} {'check s':>7} "
+        f"{'down s':>6} {'pdl CPU s':>9} {'/host':>6} {'hosts CPU':>9} {'conn/h':>6} "
+        f"{'cmd/h':>6}"
+    )
+    for n in counts:
+        r = results[n]
         print(
-            f"({os.cpu_count()} CPUs, load average {la[0]:.1f} {la[1]:.1f} {la[2]:.1f}: every "
-            "simulated host's sshd and engines share them)"
+            f"{n:5d} {2 * n + 1:5d} {med(n, 'healthy_s'):6.2f} "
+            f"({r['healthy_s']['min']:.2f}-{r['healthy_s']['max']:.2f}) "
+            f"{med(n, 'up_s'):6.2f} {med(n, 'preflight_s'):7.2f} {med(n, 'down_s'):6.2f} "
+            f"{med(n, 'pdlaunch_cpu_s'):9.2f} {med(n, 'pdlaunch_cpu_per_host_s'):6.3f} "
+            f"{med(n, 'hosts_cpu_s'):9.2f} {med(n, 'ssh_connections_per_host'):6.1f} "
+            f"{med(n, 'ssh_commands_per_host'):6.1f}"
         )
+    for n in counts[1:]:
+        h, u = ratios["healthy_s"][str(n)], ratios["up_s"][str(n)]
+        verdict = "OK" if h <= GOAL else f"ABOVE {GOAL}"
+        print(
+            f"wall({n})/wall({base}): healthy {h:.2f} ({verdict}, goal <= {GOAL}), up {u:.2f}; "
+            f"without the {start_s:g}s engine start: {overhead[str(n)]:.2f}"
+        )
+    for n in (counts[0], counts[-1]):
+        kinds = {
+            k.removeprefix("ssh_cmd:").removesuffix("_per_host"): v["median"]
+            for k, v in results[n].items()
+            if k.startswith("ssh_cmd:")
+        }
+        print(
+            f"SSH commands per host per up, N={n} (mean over hosts; router on host 1): "
+            + ", ".join(f"{k} {v:.2f}" for k, v in kinds.items())
+        )
+    la = os.getloadavg()
+    print(
+        f"engine stand-in: {kind}, {standin_ms:.1f} ms CPU per start; relay CPU "
+        f"{med(counts[-1], 'relay_cpu_s'):.2f}s per up at N={counts[-1]}; {os.cpu_count()} CPUs, "
+        f"load average {la[0]:.1f} {la[1]:.1f} {la[2]:.1f}"
+    )
 
 
 if __name__ == "__main__":
