@@ -45,8 +45,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pdlaunch.check import probes as registry
 from pdlaunch.check.probes import (
-    PROBES,
     Call,
     CommandOutput,
     HostFacts,
@@ -565,7 +565,7 @@ def _cluster(
     """Each probe's cross-host comparison, over the hosts it was planned on (reachable or
     not: a host that never reported is part of what the comparison says)."""
     out: list[CheckResult] = []
-    for probe in PROBES:
+    for probe in registry.PROBES:
         if probe.cluster is None:
             continue
         planned = [t.label for t in hosts if any(j.probe is probe for j in jobs[t.key])]
@@ -593,7 +593,7 @@ def _pair_probes(
     device kinds (and hosts' transports) the probe needs; run on the prefill host."""
     jobs: dict[tuple, list[_Job]] = {}
     out: list[CheckResult] = []
-    for probe in PROBES:
+    for probe in registry.PROBES:
         if probe.scope != "pair" or probe.pair_call is None:
             continue
         if probe.optional and not opts.bandwidth:
