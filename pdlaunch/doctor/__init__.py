@@ -1,7 +1,169 @@
-"""`pdlaunch doctor`: what went wrong in a PD deployment. This first part is the signature
-table (``signatures.yaml``) and the pure matcher over log lines and metrics."""
+"""`pdlaunch doctor`: what went wrong in a running (or failed) PD deployment, and a redacted
+debug bundle to share.
 
+A CLI command is a thin wrapper over two calls::
+
+    from pdlaunch import doctor
+    with HostPool(options) as pool:
+        findings = doctor.diagnose("my-deployment", pool)         # or a DeploymentState
+        path = doctor.write_bundle("pd-debug.tar.gz", "my-deployment", pool,
+                                   check_json=check_output)      # optional `check --json`
+
+* :func:`diagnose` reads the last ``lines`` lines of every recorded process's log through the
+  hosts layer and each engine's ``/metrics``, and returns :class:`Finding` s: known failure
+  signatures (the table in ``signatures.yaml``, documented in docs/doctor.md) with the
+  process, host, log line and line number, what happened, the cause, the fix and the source
+  of the message; plus findings from metrics (a decode that recomputes) and from the plan.
+* :func:`write_bundle` writes a tar.gz with the topology, plan, rendered scripts, findings,
+  log tails, metrics, per-host versions and the `check` output, secrets redacted.
+* :func:`examine` does the gathering once for both (``write_bundle`` accepts its result).
+
+Nothing here raises for a host that does not answer (it becomes a finding); a deployment that
+was never recorded raises :class:`DoctorError`, whose message is for the user.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pdlaunch.doctor import bundle as _bundle
+from pdlaunch.doctor.collect import TopologyFile, collect, load_topology
 from pdlaunch.doctor.diagnose import CHECKS, Finding, diagnose_evidence, match
+from pdlaunch.doctor.evidence import Evidence, HostVersions, ProcessEvidence
 from pdlaunch.doctor.signatures import Signature, SignatureError, signatures
+from pdlaunch.hosts import HostPool
+from pdlaunch.state import DeploymentState, StateError, load_state
 
-__all__ = ["CHECKS", "Finding", "Signature", "SignatureError", "diagnose_evidence", "match", "signatures"]
+__all__ = [
+    "CHECKS",
+    "DoctorError",
+    "Evidence",
+    "Examination",
+    "Finding",
+    "HostVersions",
+    "ProcessEvidence",
+    "Signature",
+    "SignatureError",
+    "diagnose",
+    "examine",
+    "match",
+    "signatures",
+    "write_bundle",
+]
+
+
+class DoctorError(Exception):
+    """No deployment to examine (not recorded, unreadable record); the message is for the
+    user."""
+
+
+@dataclass
+class Examination:
+    state: DeploymentState
+    evidence: Evidence
+    topology: TopologyFile
+    findings: list[Finding] = field(default_factory=list)
+
+
+def resolve(deployment_or_state: str | DeploymentState) -> DeploymentState:
+    if isinstance(deployment_or_state, DeploymentState):
+        return deployment_or_state
+    try:
+        state = load_state(deployment_or_state)
+    except StateError as exc:
+        raise DoctorError(str(exc)) from None
+    if state is None:
+        raise DoctorError(
+            f"no deployment {deployment_or_state!r} is recorded on this control host "
+            "(`pdlaunch status` lists them)"
+        )
+    return state
+
+
+def examine(
+    deployment_or_state: str | DeploymentState,
+    pool: HostPool,
+    *,
+    lines: int = 500,
+    timeout: float = 5.0,
+    metrics_interval: float = 0.0,
+    versions: bool = False,
+) -> Examination:
+    """Gather evidence from every recorded process and diagnose it.
+
+    ``lines``: log lines read per process. ``timeout``: seconds per HTTP request.
+    ``metrics_interval``: when > 0, /metrics is read twice that many seconds apart and
+    counters are judged by how they moved (a decode that recomputes *now*), else by their
+    totals since start. ``versions``: also probe every host's software versions."""
+    state = resolve(deployment_or_state)
+    topology = load_topology(state)
+    evidence = collect(
+        state,
+        pool,
+        lines=lines,
+        timeout=timeout,
+        metrics_interval=metrics_interval,
+        versions=versions,
+        plan=topology.plan,
+    )
+    return Examination(state, evidence, topology, diagnose_evidence(evidence, topology.plan))
+
+
+def diagnose(
+    deployment_or_state: str | DeploymentState,
+    pool: HostPool,
+    *,
+    lines: int = 500,
+    timeout: float = 5.0,
+    metrics_interval: float = 0.0,
+) -> list[Finding]:
+    """The findings for a recorded deployment (see :func:`examine` for the parameters):
+    errors first, then by process and log line."""
+    return examine(
+        deployment_or_state, pool, lines=lines, timeout=timeout, metrics_interval=metrics_interval
+    ).findings
+
+
+def write_bundle(
+    path: str | os.PathLike[str],
+    target: str | DeploymentState | Examination,
+    pool: HostPool | None = None,
+    *,
+    lines: int = 500,
+    timeout: float = 5.0,
+    metrics_interval: float = 0.0,
+    versions: bool = True,
+    check_json: str | Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Path:
+    """Write the redacted debug bundle (tar.gz, mode 0600) at ``path`` and return its path.
+
+    ``target``: a deployment name or record (gathered here through ``pool``), or an
+    :class:`Examination` already made. ``check_json``: the output of ``pdlaunch check --json``
+    to include. ``env``: where secret values are read for redaction (default os.environ)."""
+    if isinstance(target, Examination):
+        exam = target
+    else:
+        if pool is None:
+            raise TypeError("write_bundle needs a HostPool to gather from a deployment")
+        exam = examine(
+            target,
+            pool,
+            lines=lines,
+            timeout=timeout,
+            metrics_interval=metrics_interval,
+            versions=versions,
+        )
+    return _bundle.write_bundle(
+        path,
+        exam.state,
+        exam.evidence,
+        exam.findings,
+        topology=exam.topology,
+        check_json=check_json,
+        env=env,
+    )

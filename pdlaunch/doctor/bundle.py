@@ -1,0 +1,230 @@
+"""The debug bundle: one tar.gz a user can attach to an issue, with every secret taken out.
+
+Members (under ``<deployment>-doctor/``): ``manifest.json`` (what is inside, notes on what is
+missing and why), ``summary.txt`` and ``findings.json``, ``state.json`` (the record on the
+control host), ``topology.yaml``, ``plan.json`` and ``scripts/`` (rendered again from the
+topology, or the scripts as uploaded when it no longer plans), per process ``logs/NAME.log``
+(the tail the findings' line numbers point into) and ``metrics/NAME.prom``, ``versions.json``
+(per host) and ``check.json`` when the caller ran ``pdlaunch check --json``.
+
+Redaction is one choke point: every member's text goes through :class:`Redactor` on its way
+into the archive. It replaces the values of the ``${env:VAR}`` secrets the topology references
+(read from the control host's environment, as ``up`` reads them) and anything shaped like a
+credential (Hugging Face, OpenAI, GitHub, Slack and AWS tokens, ``Bearer``, ``token=``,
+``password=``, long keys after ``key=``, passwords in URLs, private key blocks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pdlaunch import __version__
+from pdlaunch.doctor.collect import TopologyFile
+from pdlaunch.doctor.diagnose import Finding
+from pdlaunch.doctor.evidence import Evidence
+from pdlaunch.render import plan_json, render_plan
+from pdlaunch.state import DeploymentState
+
+REDACTED = "[REDACTED]"
+FORMAT = 1
+SECRET_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+
+_KEEP = r"(?!\$\{|\[REDACTED\])"  # a reference or an earlier redaction is not a secret
+# plan.json maps a secret's variable to the control host's: "HF_TOKEN": "HF_TOKEN" is a name.
+_NAMES_A_VARIABLE = r"(?![A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIALS?)\b)"
+_SEP = r"""(?:["']\s*[:=]\s*["']?|\s*=\s*["']?|\s*:\s+["']?)"""
+TOKEN_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"),
+     REDACTED),
+    (re.compile(r"\bhf_[A-Za-z0-9]{20,}"), REDACTED),
+    (re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"), REDACTED),
+    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}"), REDACTED),
+    (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"), REDACTED),
+    (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), REDACTED),
+    (re.compile(r"(?i)\b(bearer)\s+" + _KEEP + r"[A-Za-z0-9._~+/=-]{8,}"), r"\1 " + REDACTED),
+    # key=value, key: value, "key": "value" where the key names a credential (HF_TOKEN=...,
+    # "password": ...); a bare ':' must be followed by a space, so that shell's ${TOKEN:?msg}
+    # in the rendered scripts stays intact.
+    (re.compile(
+        r"(?i)((?:token|secret|passw(?:or)?d|api[_-]?key|access[_-]?key|credentials?)"
+        + _SEP + r")" + _KEEP + _NAMES_A_VARIABLE + r"[^\s\"',;&{}()\[\]]+"
+    ), r"\1" + REDACTED),
+    # any other *key=: only what looks like key material (long hex or base64)
+    (re.compile(
+        r"(?i)(key" + _SEP + r")" + _KEEP
+        + r"(?:[A-Fa-f0-9]{32,}|[A-Za-z0-9+/_-]{24,}={0,2})"
+    ), r"\1" + REDACTED),
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s/:@]+:)[^\s/@]+@"), r"\1" + REDACTED + "@"),
+)  # fmt: skip
+
+
+class Redactor:
+    """Replaces secret values and token-shaped strings by ``[REDACTED]``."""
+
+    def __init__(self, secrets: Iterable[str] = ()):
+        variants: set[str] = set()
+        for value in secrets:
+            if not value:
+                continue
+            variants.add(value)
+            # As it appears inside JSON strings (findings.json, state.json, check.json).
+            variants.add(json.dumps(value)[1:-1])
+        # Longest first, so a secret that contains another is replaced whole.
+        self._secrets = sorted(variants, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for value in self._secrets:
+            text = text.replace(value, REDACTED)
+        for pattern, repl in TOKEN_PATTERNS:
+            text = pattern.sub(repl, text)
+        return text
+
+
+def secret_names(topology_text: str | None, state: DeploymentState | None = None) -> list[str]:
+    """Every variable a ``${env:VAR}`` reference names in the topology, wherever it stands
+    (a misplaced one is still somebody's secret)."""
+    names = set(SECRET_REF.findall(topology_text or ""))
+    if state is not None:
+        for text in state.scripts.values():
+            names.update(SECRET_REF.findall(text))
+    return sorted(names)
+
+
+def secret_values(names: Iterable[str], env: Mapping[str, str]) -> list[str]:
+    return [env[n] for n in names if env.get(n)]
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "_"
+
+
+def _json(data: Any) -> str:
+    return json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
+
+
+def summary(findings: list[Finding]) -> str:
+    if not findings:
+        return "No known failure signature found.\n"
+    out = []
+    for f in findings:
+        seen = f" (x{f.count}, last at line {f.last_line_no})" if f.count > 1 else ""
+        out.append(f"[{f.severity}] {f.id} at {f.where}{seen}: {f.what}")
+        if f.line:
+            out.append(f"    log:    {f.line}")
+        out.append(f"    cause:  {f.cause}")
+        out.append(f"    fix:    {f.fix}")
+        out.append(f"    source: {f.source}")
+    return "\n".join(out) + "\n"
+
+
+def members(
+    state: DeploymentState,
+    evidence: Evidence,
+    findings: list[Finding],
+    topology: TopologyFile | None = None,
+    check_json: str | Mapping[str, Any] | None = None,
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """The bundle's files as (name, text), before redaction, and the notes for the manifest."""
+    files: list[tuple[str, str]] = []
+    notes: list[str] = []
+    files.append(("summary.txt", summary(findings)))
+    files.append(("findings.json", _json([f.to_dict() for f in findings])))
+    files.append(("state.json", _json(state.to_json())))
+    if topology is not None and topology.note:
+        notes.append(topology.note)
+    if topology is not None and topology.text is not None:
+        files.append(("topology.yaml", topology.text))
+    if topology is not None and topology.plan is not None:
+        files.append(("plan.json", plan_json(topology.plan)))
+        for f in render_plan(topology.plan):
+            if f.name != "plan.json":
+                files.append((f"scripts/{_safe(f.name)}", f.content))
+    else:
+        for name, text in sorted(state.scripts.items()):
+            files.append((f"scripts/{_safe(name)}", text))
+        if state.scripts:
+            notes.append("scripts/ holds the scripts as uploaded by `up` (recorded in the state)")
+    for p in evidence.processes:
+        base = _safe(p.name)
+        if p.log is not None:
+            files.append((f"logs/{base}.log", "\n".join(p.log) + ("\n" if p.log else "")))
+        if p.log_error is not None:
+            files.append((f"logs/{base}.error", p.log_error + "\n"))
+        if p.metrics is not None:
+            files.append((f"metrics/{base}.prom", p.metrics))
+        if p.metrics_after is not None:
+            files.append((f"metrics/{base}.after.prom", p.metrics_after))
+        if p.metrics_error is not None:
+            files.append((f"metrics/{base}.error", p.metrics_error + "\n"))
+    if evidence.versions:
+        files.append(("versions.json", _json([asdict(v) for v in evidence.versions])))
+    if check_json is not None:
+        text = check_json if isinstance(check_json, str) else _json(dict(check_json))
+        files.append(("check.json", text))
+    return files, notes
+
+
+def write_bundle(
+    path: str | os.PathLike[str],
+    state: DeploymentState,
+    evidence: Evidence,
+    findings: list[Finding],
+    *,
+    topology: TopologyFile | None = None,
+    check_json: str | Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Path:
+    """Write the redacted tar.gz at ``path`` (mode 0600, replaced atomically) and return it.
+    ``env``: where the secrets' values are read (default: this process's environment)."""
+    env = os.environ if env is None else env
+    names = secret_names(topology.text if topology else None, state)
+    if topology is not None and topology.plan is not None:
+        planned = {v for p in topology.plan.processes for v in p.secret_env.values()}
+        names = sorted(set(names) | planned)
+    redact = Redactor(secret_values(names, env))
+    files, notes = members(state, evidence, findings, topology, check_json)
+    created = evidence.collected_at or time.time()
+    manifest = {
+        "format": FORMAT,
+        "deployment": state.deployment,
+        "created_at": created,
+        "pdlaunch": __version__,
+        "log_lines": evidence.lines,
+        "members": [name for name, _ in files],
+        "notes": notes,
+        "redaction": (
+            f"values of the secrets {names} read on the control host, and token-like "
+            f"strings, are replaced by {REDACTED}"
+        ),
+    }
+    files.insert(0, ("manifest.json", _json(manifest)))
+    out = Path(path)
+    root = f"{_safe(state.deployment)}-doctor"
+    fd, tmp = tempfile.mkstemp(dir=out.parent or ".", prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
+            for name, text in files:
+                data = redact(text).encode("utf-8")
+                info = tarfile.TarInfo(f"{root}/{name}")
+                info.size = len(data)
+                info.mode = 0o600
+                info.mtime = int(created)
+                tar.addfile(info, io.BytesIO(data))
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return out

@@ -1,0 +1,255 @@
+"""Gathering: every recorded process's log tail and /metrics, every host's software versions.
+
+Logs are read through the hosts layer (:meth:`Host.read_log` on the pool's connection, local or
+SSH), metrics over HTTP from the control host (:mod:`pdlaunch.health`, proxies off, with a
+timeout). Nothing here raises for a host or a process that does not answer: the failure is
+recorded in the evidence and becomes a finding, so one dead node never hides the others.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import posixpath
+import shlex
+import time
+import urllib.error
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pdlaunch.check.probes.versions import SNIPPET as CHECK_VERSIONS_SNIPPET
+from pdlaunch.doctor.evidence import Evidence, HostVersions, ProcessEvidence
+from pdlaunch.health import base_url, get_text
+from pdlaunch.hosts import HostError, HostPool, parallel, sh_quote_path
+from pdlaunch.load import LoadError, load_text, read_text
+from pdlaunch.plan import Plan, Process, build_plan
+from pdlaunch.rules import has_errors, validate
+from pdlaunch.state import DeploymentState, ProcessState
+
+PYTHON_ENV = "PDLAUNCH_PYTHON"  # the same override `pdlaunch check` honours
+
+#: More than `pdlaunch check` asks (router, plugins, UCX builds), and the version of the UCX
+#: that NIXL's wheel bundles (read from the library itself: no UCX tool ships with it), and
+#: of a system UCX when ``ucx_info`` is on the PATH. One JSON line, format owned by pdlaunch.
+UCX_SNIPPET = r"""import ctypes,glob,json,os,shutil,site,subprocess,sys
+from importlib import metadata as md
+def v(n):
+    try:
+        return md.version(n)
+    except md.PackageNotFoundError:
+        return None
+names=("vllm-router","pdlaunch","vllm-hpu-extension","habana-torch-plugin","torch-npu",
+"mooncake-transfer-engine","ucx-py-cu12","libucx-cu12","libucx-cu13")
+out={"pdlaunch_doctor":1,"packages":{n:v(n) for n in names},"ucx_bundled":{}}
+dirs=set(site.getsitepackages()+[site.getusersitepackages()])
+dirs.update(p for p in sys.path if p.endswith("site-packages"))
+for d in sorted(dirs):
+    for libs in sorted(glob.glob(os.path.join(d,"nixl*.libs"))):
+        ucp=glob.glob(os.path.join(libs,"libucp*.so*"))
+        if not ucp:
+            continue
+        try:
+            for n in ("libucs","libucm","libuct"):
+                for f in glob.glob(os.path.join(libs,n+"*.so*")):
+                    ctypes.CDLL(f,mode=ctypes.RTLD_GLOBAL)
+            lib=ctypes.CDLL(ucp[0])
+            lib.ucp_get_version_string.restype=ctypes.c_char_p
+            out["ucx_bundled"][libs]=lib.ucp_get_version_string().decode()
+        except Exception as e:
+            out["ucx_bundled"][libs]="unreadable: %s"%e
+tool=shutil.which("ucx_info")
+if tool:
+    try:
+        r=subprocess.run([tool,"-v"],capture_output=True,text=True,timeout=10)
+        out["ucx_info"]=(r.stdout or r.stderr).strip().splitlines()[:3]
+    except Exception as e:
+        out["ucx_info"]=["failed: %s"%e]
+print(json.dumps(out,sort_keys=True))"""
+
+
+@dataclass
+class TopologyFile:
+    """The topology file a deployment was started from, as the control host has it now."""
+
+    path: str
+    text: str | None = None
+    plan: Plan | None = None
+    note: str | None = None  # why text or plan is missing
+
+
+def load_topology(state: DeploymentState) -> TopologyFile:
+    """Read the recorded topology file and plan it again; a file that is gone, changed into
+    something invalid or unreadable leaves a note instead (the record still has the scripts
+    as uploaded)."""
+    t = TopologyFile(state.topology)
+    if not state.topology:
+        t.note = "no topology file is recorded for this deployment"
+        return t
+    try:
+        t.text = read_text(Path(state.topology))
+        topo, source = load_text(t.text, state.topology)
+    except LoadError as exc:
+        t.note = f"cannot load the topology: {exc}"
+        return t
+    findings = validate(topo, source)
+    if has_errors(findings):
+        n = sum(f.severity == "error" for f in findings)
+        t.note = f"{state.topology} no longer validates ({n} error(s)); no plan rendered"
+        return t
+    t.plan = build_plan(topo)
+    if t.plan.deployment != state.deployment:
+        t.note = (
+            f"{state.topology} now describes deployment {t.plan.deployment!r}, not "
+            f"{state.deployment!r}; its plan is left out"
+        )
+        t.plan = None
+    return t
+
+
+def metrics_url(p: ProcessState) -> str | None:
+    """Where a process serves Prometheus text: an engine on its HTTP port, vllm-router on its
+    own metrics port (the second port recorded for it)."""
+    if not p.health_url:
+        return None
+    if p.role == "router":
+        if len(p.ports) < 2:
+            return None
+        scheme_host = p.health_url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)[0]
+        return f"http://{scheme_host}:{p.ports[1]}/metrics"
+    return base_url(p.health_url) + "/metrics"
+
+
+def _fetch(url: str, timeout: float) -> tuple[str | None, str | None]:
+    try:
+        return get_text(url, timeout), None
+    except urllib.error.HTTPError as exc:
+        return None, f"{url}: HTTP {exc.code}"
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return None, f"{url}: {reason or type(exc).__name__}"
+
+
+def collect_process(
+    p: ProcessState,
+    pool: HostPool,
+    *,
+    lines: int = 500,
+    timeout: float = 5.0,
+    metrics_interval: float = 0.0,
+) -> ProcessEvidence:
+    """One process's log tail and metrics; failures are recorded, never raised."""
+    ev = ProcessEvidence(p.name, p.role, p.host, log_path=p.log_path, metrics_url=metrics_url(p))
+    try:
+        host = pool.get(p.host, p.local, p.ssh)
+        text = host.read_log(p.log_path, lines)
+        ev.log = text.splitlines()
+        if not text:
+            # read_log answers "" for a missing file too: say which it was.
+            res = host.run(f"[ -e {sh_quote_path(p.log_path)} ]", timeout=timeout + 10)
+            if not res.ok:
+                ev.log, ev.log_error = None, f"{p.host}: {p.log_path} does not exist"
+    except HostError as exc:
+        ev.log_error = str(exc)
+    if ev.metrics_url:
+        ev.metrics, ev.metrics_error = _fetch(ev.metrics_url, timeout)
+        if ev.metrics is not None and metrics_interval > 0:
+            time.sleep(metrics_interval)
+            ev.metrics_after, err = _fetch(ev.metrics_url, timeout)
+            if ev.metrics_after is not None:
+                ev.metrics_interval = metrics_interval
+            else:
+                ev.metrics_error = err
+    return ev
+
+
+def python_for(processes: Sequence[Process]) -> str:
+    """The interpreter that runs vLLM on a host, by the rule `pdlaunch check` follows:
+    ``PDLAUNCH_PYTHON`` in a process's env, else the ``python`` beside an engine's vllm binary
+    when that is a path, else ``python3``."""
+    for proc in processes:
+        if proc.env.get(PYTHON_ENV):
+            return proc.env[PYTHON_ENV]
+    for proc in processes:
+        if proc.role in ("prefill", "decode") and proc.argv and "/" in proc.argv[0]:
+            return posixpath.join(posixpath.dirname(proc.argv[0]), "python")
+    return "python3"
+
+
+def versions_command(python: str) -> str:
+    py = sh_quote_path(python)
+    return (
+        f"command -v {py} >/dev/null 2>&1 || {{ echo {shlex.quote(python)}: not found >&2; "
+        f"exit 127; }}; {py} -c {shlex.quote(CHECK_VERSIONS_SNIPPET)}; "
+        f"{py} -c {shlex.quote(UCX_SNIPPET)}"
+    )
+
+
+def parse_versions(stdout: str) -> dict[str, Any]:
+    """Merge the JSON lines the two snippets print (anything else is ignored: a warning a
+    library printed on stdout must not hide the versions)."""
+    data: dict[str, Any] = {}
+    for line in stdout.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            packages = {**data.get("packages", {}), **obj.get("packages", {})}
+            data.update(obj)
+            data["packages"] = packages
+    return data
+
+
+def collect_versions(
+    state: DeploymentState, pool: HostPool, plan: Plan | None = None, timeout: float = 60.0
+) -> list[HostVersions]:
+    """Versions of vLLM, NIXL, UCX, torch and the plugins on every host of the deployment."""
+    hosts: dict[str, ProcessState] = {}
+    for p in state.processes:
+        hosts.setdefault(p.host, p)
+
+    def one(p: ProcessState) -> HostVersions:
+        procs = [x for x in plan.processes if x.host == p.host] if plan is not None else []
+        python = python_for(procs)
+        hv = HostVersions(p.host, python)
+        try:
+            res = pool.get(p.host, p.local, p.ssh).run(versions_command(python), timeout=timeout)
+        except HostError as exc:
+            hv.error = str(exc)
+            return hv
+        hv.raw = res.stdout
+        hv.data = parse_versions(res.stdout)
+        if not res.ok or not hv.data:
+            hv.error = (res.stderr.strip() or f"rc={res.rc}")[-500:]
+        return hv
+
+    return parallel(one, list(hosts.values()))
+
+
+def collect(
+    state: DeploymentState,
+    pool: HostPool,
+    *,
+    lines: int = 500,
+    timeout: float = 5.0,
+    metrics_interval: float = 0.0,
+    versions: bool = False,
+    plan: Plan | None = None,
+) -> Evidence:
+    """Everything the doctor reads from a recorded deployment, gathered in parallel."""
+
+    def one(p: ProcessState) -> ProcessEvidence:
+        return collect_process(
+            p, pool, lines=lines, timeout=timeout, metrics_interval=metrics_interval
+        )
+
+    ev = Evidence(state.deployment, collected_at=time.time(), lines=lines)
+    ev.processes = parallel(one, state.processes)
+    if versions:
+        ev.versions = collect_versions(state, pool, plan)
+    return ev
