@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -354,7 +354,7 @@ def eval_hccn_conf(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
 # ------------------------------------------------------------------------- commands
 
 
-def _cmd_hccn_loop(flag: str) -> Any:
+def _cmd_hccn_loop(flag: str) -> Callable[[Mapping[str, Any]], str]:
     def build(params: Mapping[str, Any]) -> str:
         npus = ints(params.get("npus") or range(8))
         return (
