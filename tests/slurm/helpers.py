@@ -1,0 +1,78 @@
+"""Topologies for the Slurm tests, loaded, judged by every rule and planned."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+
+from pdlaunch.load import Source, load
+from pdlaunch.plan import Plan, build_plan
+from pdlaunch.rules import has_errors, validate
+from pdlaunch.topology import Topology
+
+HERE = Path(__file__).resolve().parent
+LAUNCH = HERE.parent / "launch"
+REPO = HERE.parents[1]
+
+
+def install_fake(src: Path, dest: Path) -> Path:
+    """A launch-test stand-in (tests/launch/fake_*.py) as an executable with this
+    interpreter in its shebang (Slurm steps find no venv on PATH by themselves)."""
+    body = src.read_text().split("\n", 1)[1]
+    dest.write_text(f"#!{sys.executable} -S\n{body}")
+    dest.chmod(0o755)
+    return dest
+
+
+def fake_spec(
+    name: str,
+    work_root: Path,
+    nodes: list[str],
+    bins: dict[str, Path],
+    ports: dict[str, int],
+    *,
+    prefill_env: dict | None = None,
+    decode_env: dict | None = None,
+) -> dict:
+    """1P1D (+ router) on two Slurm nodes: prefill on ``nodes[0]``, decode on ``nodes[1]``
+    (two het components), every listener on the wildcard, stand-in engines and router."""
+    return {
+        "deployment": name,
+        "model": {"name": "fake-model"},
+        "defaults": {"work_dir": str(work_root), "vllm_bin": str(bins["vllm"])},
+        "prefill": [
+            {
+                "host": nodes[0],
+                "device": "cpu",
+                "port": ports["prefill"],
+                "env": dict(prefill_env or {}),
+            }
+        ],
+        "decode": [
+            {
+                "host": nodes[1],
+                "device": "cpu",
+                "port": ports["decode"],
+                "devices": [1],
+                "env": dict(decode_env or {}),
+            }
+        ],
+        "kv_connector": {"side_channel_port": ports["side"]},
+        "router": {
+            "host": nodes[0],
+            "port": ports["router"],
+            "prometheus_port": ports["metrics"],
+            "binary": str(bins["router"]),
+        },
+    }
+
+
+def planned(spec: dict, path: Path) -> tuple[Topology, Source, Plan]:
+    """Write, load and plan ``spec``; the pdlaunch rules must find no error in it."""
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    topo, source = load(path)
+    findings = validate(topo, source)
+    assert not has_errors(findings), [f"{f.rule}: {f.message}" for f in findings]
+    return topo, source, build_plan(topo)
