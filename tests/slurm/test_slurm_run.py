@@ -1,0 +1,139 @@
+"""A 1P1D deployment of stand-in engines run for real through Slurm: a heterogeneous job on the
+test cluster's two nodes, health, the PD canary, status, logs, down."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from pdlaunch.backends import slurm, slurm_rules, slurm_run
+from pdlaunch.health import probe
+from tests.slurm.helpers import fake_spec, planned
+from tests.sshd import free_port
+
+pytestmark = pytest.mark.slurm
+
+
+def _ports() -> dict[str, int]:
+    return {k: free_port() for k in ("prefill", "decode", "side", "router", "metrics")}
+
+
+def _environ(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        pairs = [x.split(b"=", 1) for x in f.read().split(b"\0") if b"=" in x]
+    return {k.decode(): v.decode(errors="replace") for k, v in pairs}
+
+
+def _squeue(cluster, job_id: str) -> list[str]:
+    res = cluster.run(["squeue", "-h", "-j", job_id, "-o", "%i %T %N"], check=False)
+    return [ln.strip() for ln in res.stdout.splitlines() if ln.strip()]
+
+
+def test_up_status_logs_down_through_slurm(slurm_cluster, fake_bins, tmp_path: Path) -> None:
+    nodes = slurm_cluster.nodes
+    work = tmp_path / "work"
+    spec = fake_spec("slurm-fake", work, nodes, fake_bins, _ports())
+    topo, _, plan = planned(spec, tmp_path / "t.yaml")
+    opts = slurm.SlurmOptions(nodelist=tuple(nodes), time="10", start_timeout=120)
+    gpus, cpus = slurm_run.partition_limits()
+    assert (gpus, cpus) == (0, os.cpu_count())
+    opts_limits = slurm.SlurmOptions(nodelist=tuple(nodes), cpus_per_node=cpus)
+    assert slurm_rules.check(topo, plan, opts_limits) == []
+
+    t0 = time.monotonic()
+    res = slurm_run.up(plan, opts, timeout=120, canary_timeout=60)
+    assert res.ok, f"{res.message}\n{res.outcomes}\n{res.logs}"
+    healthy_s = time.monotonic() - t0
+    assert res.canary is not None and res.canary.ok, res.canary
+    assert res.canary.details["decode_external_kv_transfer_tokens"] > 0
+    job = res.job_id
+
+    # A heterogeneous job: one component per node group, each on its own node.
+    lines = _squeue(slurm_cluster, job)
+    assert sorted(lines) == [f"{job}+0 RUNNING {nodes[0]}", f"{job}+1 RUNNING {nodes[1]}"]
+
+    st = slurm_run.status("slurm-fake")
+    assert st.healthy and st.job.state == "RUNNING" and st.job.source == "squeue"
+    assert {(p.name, p.node, p.health) for p in st.processes} == {
+        ("prefill-0", nodes[0], "healthy"),
+        ("decode-0", nodes[1], "healthy"),
+        ("router", nodes[0], "healthy"),
+    }
+
+    # What each engine got at run time: the node's address from Slurm (NodeAddr), the plan's
+    # CPU core (allowed here), the router the engines' URLs on their nodes.
+    engines = {}
+    for pid, _ in slurm_run.processes_under([str(work / "slurm-fake")]):
+        env = _environ(pid)
+        if "VLLM_NIXL_SIDE_CHANNEL_HOST" in env:
+            engines[env["SLURM_JOB_NAME"]] = env
+    assert set(engines) == {"prefill-0", "decode-0"}, engines.keys()
+    assert engines["prefill-0"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+    assert engines["prefill-0"]["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    assert engines["decode-0"]["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert engines["decode-0"]["SLURMD_NODENAME"] == nodes[1]
+
+    log = slurm_run.logs("slurm-fake", "prefill-0", lines=50)
+    assert "fake-vllm" in log and "serving on" in log
+    # The driver polls each second: it may say so a moment after the control host saw it.
+    deadline = time.monotonic() + 15
+    while "up: http://" not in (driver := slurm_run.logs("slurm-fake", "driver")):
+        assert time.monotonic() < deadline, driver
+        time.sleep(0.3)
+    assert f"component 1: {nodes[1]}" in driver
+    assert f"up: http://127.0.0.1:{spec['router']['port']}" in driver
+    with pytest.raises(slurm_run.SlurmRunError, match="known: prefill-0"):
+        slurm_run.logs("slurm-fake", "nope")
+
+    t1 = time.monotonic()
+    down = slurm_run.down("slurm-fake")
+    down_s = time.monotonic() - t1
+    assert down.ok, down
+    assert _squeue(slurm_cluster, job) == []
+    assert slurm_run.processes_under([str(work)]) == []
+    assert not probe(res.endpoint + "/health", timeout=2).ok
+    assert slurm_run.load_record("slurm-fake") is None
+    # Idempotent.
+    assert slurm_run.down("slurm-fake").job_id is None
+    print(f"\n[slurm fake] healthy+canary {healthy_s:.1f}s, down {down_s:.1f}s")
+
+
+def test_an_engine_that_dies_fails_up_and_leaves_nothing(
+    slurm_cluster, fake_bins, tmp_path: Path
+) -> None:
+    """The same deployment with a decode that exits at start: up says which process failed,
+    with its log, cancels the job, and nothing is left running."""
+    work = tmp_path / "work"
+    spec = fake_spec("slurm-bad", work, slurm_cluster.nodes, fake_bins, _ports(),
+                     decode_env={"FAKE_VLLM_MODE": "exit"})  # fmt: skip
+    _, _, plan = planned(spec, tmp_path / "t.yaml")
+    opts = slurm.SlurmOptions(time="10", start_timeout=60)
+    res = slurm_run.up(plan, opts, timeout=60)
+    assert not res.ok
+    assert "job" in res.message and "cancelled" in res.message, res.message
+    assert "simulated engine failure" in res.logs["decode-0"]
+    assert "decode-0 exited before it was healthy" in res.logs["driver"]
+    assert _squeue(slurm_cluster, res.job_id) == []
+    deadline = time.monotonic() + 15
+    while slurm_run.processes_under([str(work)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert slurm_run.processes_under([str(work)]) == []
+    assert slurm_run.load_record("slurm-bad").status == "failed"
+    assert slurm_run.down("slurm-bad").ok
+
+
+def test_a_second_up_of_a_running_deployment_is_refused(
+    slurm_cluster, fake_bins, tmp_path: Path
+) -> None:
+    spec = fake_spec("slurm-twice", tmp_path / "w", slurm_cluster.nodes, fake_bins, _ports())
+    _, _, plan = planned(spec, tmp_path / "t.yaml")
+    job = slurm_run.submit(plan, slurm.SlurmOptions(time="10"))
+    try:
+        with pytest.raises(slurm_run.SlurmRunError, match=f"Slurm job {job}"):
+            slurm_run.submit(plan, slurm.SlurmOptions(time="10"))
+    finally:
+        assert slurm_run.down("slurm-twice").ok
+    assert _squeue(slurm_cluster, job) == []
