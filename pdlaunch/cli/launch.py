@@ -4,7 +4,6 @@ input, 130 `up` interrupted."""
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from pathlib import Path
@@ -28,7 +27,6 @@ from pdlaunch.cli.app import (
     bad_input,
     err,
     failed,
-    load_or_exit,
     out,
     plan_or_exit,
     print_error,
@@ -45,10 +43,11 @@ from pdlaunch.cli.options import (
     connect_options,
 )
 from pdlaunch.cli.reports import print_report
+from pdlaunch.cli.targets import resolve_deployment
 from pdlaunch.hosts import HostError
 from pdlaunch.hosts.options import ConnectOptions
 from pdlaunch.plan import Plan
-from pdlaunch.state import StateError, list_deployments, load_state, state_root
+from pdlaunch.state import StateError, load_state
 
 # `--grace` on `up` (stopping on rollback or --replace) and on `down`.
 UpGraceOpt = Annotated[
@@ -161,28 +160,6 @@ def _failure_json(exc: Exception) -> dict[str, Any]:
             for f in exc.failures
         ]
     return data
-
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-
-
-def resolve_deployment(target: str | None, as_json: bool = False) -> str:
-    """A topology file (its `deployment`), a deployment name, or, when omitted, the only
-    deployment recorded on this control host."""
-    if target is None:
-        names = list_deployments()
-        if len(names) == 1:
-            return names[0]
-        if not names:
-            bad_input(f"no deployment is recorded in {state_root()}")
-        bad_input("several deployments are recorded; name one: " + ", ".join(names))
-    path = Path(target)
-    if path.is_file():
-        topo, _ = load_or_exit(path, as_json)
-        return topo.deployment
-    if _NAME.match(target) and not target.endswith((".yaml", ".yml")):
-        return target
-    bad_input(f"{target}: no such topology file")
 
 
 def _preflight(plan: Plan, connect: ConnectOptions, as_json: bool) -> None:

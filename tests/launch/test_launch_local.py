@@ -408,3 +408,42 @@ def test_status_watch_proves_disaggregation_while_serving(make_deployment, mode)
         assert any("NOT DISAGGREGATED" in f for p in decode for f in p["flags"]), docs
     assert cli("down", dep.path).exit_code == 0
     assert wait_no_procs(dep.work_root) == []
+
+
+def test_doctor_names_a_known_failure_and_bundles_without_secrets(
+    make_deployment, monkeypatch, tmp_path
+):
+    secret = "doc-s3cr3t-" + os.urandom(6).hex()
+    monkeypatch.setenv(SECRET_ENV, secret)
+    dep = make_deployment(
+        "doctor",
+        env={"HF_TOKEN": "${env:" + SECRET_ENV + "}", "FAKE_VLLM_REQUIRE_ENV": "HF_TOKEN"},
+    )
+    res = cli("up", dep.path, "--timeout", "120")
+    assert res.exit_code == 0, res.output
+    res = cli("doctor", dep.name, "--json")
+    assert res.exit_code == 0, res.output  # the stand-in router has no /metrics: a warning
+    assert not [f for f in json.loads(res.stdout)["findings"] if f["severity"] == "error"]
+    # vLLM 0.32's message for a block-size mismatch (tests/fixtures/doctor/lines.yaml), as a
+    # decode would log it, plus the secret leaking into a log line
+    log = load_state("doctor").process("decode-0").log_path
+    with open(log, "a") as f:
+        f.write(
+            "(EngineCore pid=22775) ERROR 11-23 10:33:34 [base_worker.py:1354] AssertionError: "
+            "Local block size 16 is not divisible by remote block size 32 or vice versa.\n"
+            f"token is {secret}\n"
+        )
+    bundle = tmp_path / "bundle.tar.gz"
+    res = cli("doctor", dep.name, "--bundle", bundle, "--json")
+    assert res.exit_code == 1, res.output
+    found = {f["id"]: f for f in json.loads(res.stdout)["findings"]}
+    assert found["kv-block-size-divisibility"]["process"] == "decode-0"
+    assert secret not in res.output
+    import tarfile
+
+    with tarfile.open(bundle) as tar:
+        members = [m for m in tar.getmembers() if m.isfile()]
+        assert any(m.name.endswith("decode-0.log") for m in members), [m.name for m in members]
+        for m in members:
+            assert secret.encode() not in tar.extractfile(m).read(), m.name
+    assert cli("down", dep.path).exit_code == 0

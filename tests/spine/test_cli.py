@@ -263,3 +263,20 @@ def test_plan_json_keeps_argv_and_env():
     assert prefill["argv"][:2] == ["vllm", "serve"]
     assert prefill["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
     assert [p["kind"] for p in prefill["ports"]].count("nixl_side_channel") == 4
+
+
+def test_export_k8s_writes_manifests_and_refuses_a_bad_topology(tmp_path):
+    out_dir = tmp_path / "k8s"
+    res = runner.invoke(
+        app, ["export", "k8s", str(ROOT / "topologies" / "gb200-xpyd.yaml"),
+              "-o", str(out_dir)]
+    )
+    assert res.exit_code == 0, res.output
+    written = sorted(p.name for p in out_dir.iterdir())
+    assert "03-disaggregatedset-gb200-xpyd.yaml" in written and "index.md" in written
+    bad = tmp_path / "bad.yaml"
+    text = (ROOT / "topologies" / "gb200-xpyd.yaml").read_text()
+    bad.write_text(text.replace("deployment:", "deployment: x\nbogus_key: 1\n#", 1))
+    res = runner.invoke(app, ["export", "k8s", str(bad), "-o", str(tmp_path / "none")])
+    assert res.exit_code != 0
+    assert not (tmp_path / "none").exists()

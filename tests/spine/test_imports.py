@@ -162,10 +162,13 @@ LAYERS = {
     "app": 0,
     "options": 0,
     "reports": 1,
+    "targets": 1,
     "spec": 2,
     "launch": 2,
     "check": 2,
     "bench": 2,
+    "doctor": 2,
+    "export": 2,
     "__init__": 3,
     "__main__": 4,
 }
