@@ -58,7 +58,8 @@ def own_cpu() -> float:
 
 def run_one(plan, opts: CheckOptions, cluster: RelayedCluster) -> tuple[dict, CheckReport]:
     n = len({p.host for p in plan.processes})
-    hosts0 = cluster.hosts_cpu()
+    time.sleep(0.3)  # let the sshd reap the previous run's connections (not this run's CPU)
+    hosts0 = cluster.hosts_cpu(n)
     with count_ssh() as counts:
         t0, cpu0 = time.perf_counter(), own_cpu()
         report = run_check(plan, opts)
@@ -68,7 +69,7 @@ def run_one(plan, opts: CheckOptions, cluster: RelayedCluster) -> tuple[dict, Ch
         "wall_s": wall,
         "pdlaunch_cpu_s": cpu,
         "pdlaunch_cpu_per_host_s": cpu / n,
-        "hosts_cpu_s": cluster.hosts_cpu() - hosts0,
+        "hosts_cpu_s": cluster.hosts_cpu(n) - hosts0,
         **{f"ssh_{k}_per_host": v for k, v in counts.per_host().items()},
     }, report
 

@@ -222,7 +222,8 @@ def run_one(path: Path, cluster: RelayedCluster, check: bool) -> dict[str, float
         preflight=preflight(plan, cluster, took) if check else None,
     )
     n = len({p.host for p in plan.processes})
-    hosts0, relay0 = cluster.hosts_cpu(), cluster.relay_cpu()
+    time.sleep(0.3)  # let the sshd reap the previous run's connections (not this run's CPU)
+    hosts0, relay0 = cluster.hosts_cpu(n), cluster.relay_cpu()
     with count_ssh() as counts:
         t0, cpu0 = time.perf_counter(), own_cpu()
         result = launch.up(plan, opts)
@@ -230,7 +231,7 @@ def run_one(path: Path, cluster: RelayedCluster, check: bool) -> dict[str, float
     if not result.changed:
         raise SystemExit(f"up did not start anything: {result.message}")
     time.sleep(0.3)  # let each sshd reap its finished sessions (cutime)
-    hosts_cpu = cluster.hosts_cpu() - hosts0
+    hosts_cpu = cluster.hosts_cpu(n) - hosts0
     relay_cpu = cluster.relay_cpu() - relay0
     t1 = time.perf_counter()
     launch.down(  # raises when something could not be stopped
@@ -341,8 +342,8 @@ def main() -> None:
         return
     print(
         f"\n{'hosts':>5} {'procs':>5} {'healthy s':>16} {'up s':>6} {'check s':>7} "
-        f"{'down s':>6} {'pdl CPU s':>9} {'/host':>6} {'hosts CPU':>9} {'conn/h':>6} "
-        f"{'cmd/h':>6}"
+        f"{'down s':>6} {'pdl CPU s':>9} {'/host':>6} {'hosts CPU':>9} {'floor s':>7} "
+        f"{'conn/h':>6} {'cmd/h':>6}"
     )
     for n in counts:
         r = results[n]
@@ -351,7 +352,8 @@ def main() -> None:
             f"({r['healthy_s']['min']:.2f}-{r['healthy_s']['max']:.2f}) "
             f"{med(n, 'up_s'):6.2f} {med(n, 'preflight_s'):7.2f} {med(n, 'down_s'):6.2f} "
             f"{med(n, 'pdlaunch_cpu_s'):9.2f} {med(n, 'pdlaunch_cpu_per_host_s'):6.3f} "
-            f"{med(n, 'hosts_cpu_s'):9.2f} {med(n, 'ssh_connections_per_host'):6.1f} "
+            f"{med(n, 'hosts_cpu_s'):9.2f} {med(n, 'hosts_cpu_s') / (os.cpu_count() or 1):7.2f} "
+            f"{med(n, 'ssh_connections_per_host'):6.1f} "
             f"{med(n, 'ssh_commands_per_host'):6.1f}"
         )
     for n in counts[1:]:

@@ -19,6 +19,11 @@ listens, and exits when its stdin closes or on SIGTERM. :class:`RelayedCluster` 
 :class:`tests.netns.NetnsCluster` and the relay, writes the SSH files, measures the injected
 round trip (:meth:`RelayedCluster.measure_rtt`) and reports the simulated hosts' CPU.
 :func:`count_ssh` counts SSH connections and commands per host while pdlaunch runs.
+
+One limit of the simulation is raised while a cluster lives: Linux has one ARP table for all
+network namespaces together (``gc_thresh3`` 1024 by default), and 32 hosts that all dial each
+other need ~1,056 entries, so without it `check` saw ~40 of the 1,024 side-channel pairs time
+out (see :func:`arp_limits_needed`).
 """
 
 from __future__ import annotations
@@ -193,6 +198,8 @@ class SshCounts:
 
 
 _INNER = {"_exec_start", "_proc_stat", "_exec"}
+# what a Host method was called for, where the method name alone does not say
+_LABELS = {"run<-one": "rotate-logs", "run<-run_jobs": "check-batch", "find_started": "survey"}
 
 
 @contextlib.contextmanager
@@ -214,7 +221,7 @@ def count_ssh() -> Iterator[SshCounts]:
         name = f.f_code.co_name
         if name == "run" and f.f_back is not None:  # host.run: say who asked
             name = f"run<-{f.f_back.f_code.co_name}"
-        return name
+        return _LABELS.get(name, name)
 
     def exec_(self, command, **kw):
         label = caller()
@@ -332,6 +339,37 @@ def proc_cpu(pid: int | None, children: bool = True) -> float:
     return sum(int(x) for x in ticks) / os.sysconf("SC_CLK_TCK")
 
 
+ARP_SYSCTL = Path("/proc/sys/net/ipv4/neigh/default")
+
+
+def arp_limits_needed(n: int) -> dict[str, int]:
+    """gc_thresh2/3 for ``n`` namespace hosts that all talk to each other. Linux keeps ONE
+    ARP table for every network namespace together (gc_thresh3 defaults to 1024), so n
+    hosts need about n * (n + 1) entries at once: at 32 hosts the default fills up and new
+    neighbours are refused, and connections between some hosts time out. A real host has
+    its own table; only the simulation needs this."""
+    entries = n * (n + 1)
+    return {"gc_thresh2": 2 * entries, "gc_thresh3": 4 * entries}
+
+
+def raise_arp_limits(n: int) -> dict[str, int]:
+    """Raise (never lower) the limits for ``n`` hosts; returns the old values it changed."""
+    changed = {}
+    for name, want in arp_limits_needed(n).items():
+        path = ARP_SYSCTL / name
+        old = int(path.read_text())
+        if old < want:
+            path.write_text(f"{want}\n")
+            changed[name] = old
+    return changed
+
+
+def restore_arp_limits(changed: dict[str, int]) -> None:
+    for name, old in changed.items():
+        with contextlib.suppress(OSError):
+            (ARP_SYSCTL / name).write_text(f"{old}\n")
+
+
 class RelayedCluster:
     """``n`` namespace hosts (tests/netns.py), their sshd reached through a latency relay."""
 
@@ -343,9 +381,11 @@ class RelayedCluster:
         self.netns = NetnsCluster(n)
         self.relay: subprocess.Popen | None = None
         self.ports: list[int] = []
+        self.arp_raised: dict[str, int] = {}
 
     def __enter__(self) -> RelayedCluster:
         try:
+            self.arp_raised = raise_arp_limits(self.netns.n)
             self.netns.start()
             self._start_relay()
             self._write_ssh_files()
@@ -365,6 +405,8 @@ class RelayedCluster:
                 self.relay.wait(timeout=5)
             self.relay = None
         self.netns.close()
+        restore_arp_limits(self.arp_raised)
+        self.arp_raised = {}
 
     @property
     def hosts(self) -> list:
@@ -432,9 +474,11 @@ class RelayedCluster:
         self.ssh_config.write_text("".join(cfg))
 
     # -- CPU -----------------------------------------------------------------------------------
-    def hosts_cpu(self) -> float:
-        """CPU seconds so far of every host's sshd and what it reaped (sessions, commands)."""
-        return sum(proc_cpu(h.sshd.pid) for h in self.hosts)
+    def hosts_cpu(self, n: int | None = None) -> float:
+        """CPU seconds so far of the first ``n`` hosts' sshd (default: all) and what each
+        reaped: its connections, sessions and commands. A connection's CPU shows only once
+        it closed and was reaped: read this a moment after pdlaunch closed its connections."""
+        return sum(proc_cpu(h.sshd.pid) for h in self.hosts[:n])
 
     def relay_cpu(self) -> float:
         return proc_cpu(self.relay.pid if self.relay else None, children=False)
