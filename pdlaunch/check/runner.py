@@ -33,6 +33,7 @@ Which Python interpreter runs the version/reachability probes on a host, first m
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import re
@@ -56,7 +57,12 @@ from pdlaunch.check.probes import (
     select_probes,
 )
 from pdlaunch.check.probes.bandwidth import IB_WRITE_BW, server_command
-from pdlaunch.check.probes.ports import REACH, reach_batch_command, split_reach_batch
+from pdlaunch.check.probes.ports import (
+    REACH,
+    hold_command,
+    reach_batch_command,
+    split_reach_batch,
+)
 from pdlaunch.check.probes.rdma import planned_hcas
 from pdlaunch.check.probes.ucx import uses_rdma
 from pdlaunch.check.results import CheckResult, Status, has_failure
@@ -328,16 +334,20 @@ def reach_pairs(plan: Plan) -> list[_Reach]:
     return out
 
 
-def _reach_job(reaches: list[_Reach], python: str, timeout: float) -> _Job:
+def _reach_job(
+    reaches: list[_Reach], python: str, timeout: float, held: set[tuple[str, int]] = frozenset()
+) -> _Job:
     """Every reachability test of one source host in one interpreter; each target's line
-    is judged by the single-target probe's evaluator."""
+    is judged by the single-target probe's evaluator. ``held``: targets pdlaunch listened on
+    during the test (there, "refused" is a firewall's answer, not an empty port)."""
     targets = sorted({(r.address, r.port) for r in reaches})
 
     def evaluate(out: CommandOutput) -> list[CheckResult]:
         lines = split_reach_batch(out.stdout)
         results = []
         for r in reaches:
-            ctx = ProbeContext(r.label, True, {"host": r.address, "port": r.port})
+            params = {"host": r.address, "port": r.port, "held": (r.address, r.port) in held}
+            ctx = ProbeContext(r.label, True, params)
             one = CommandOutput(out.rc, lines.get((r.address, r.port), ""), out.stderr)
             for res in REACH.judge(one, ctx):
                 results.append(replace(res, message=f"{r.purpose}: {res.message}"))
@@ -505,6 +515,59 @@ def _connect_fail(t: HostTarget) -> CheckResult:
     )
 
 
+def _hold_ports(
+    reaches: list[_Reach],
+    by_proc: Mapping[str, HostTarget],
+    opened: Mapping[tuple, Host],
+    opts: CheckOptions,
+) -> tuple[set[tuple[str, int]], list[tuple[Host, int]]]:
+    """Start a listener on every reach target's host (one process per host) on the planned
+    ports that are free; returns the (address, port) pairs held and (host, pid) to stop."""
+    by_dest: dict[tuple, list[tuple[str, int]]] = {}
+    for r in reaches:
+        t = by_proc[r.dest]
+        if t.key in opened:
+            by_dest.setdefault(t.key, []).append((r.address, r.port))
+    targets = {t.key: t for t in by_proc.values()}
+    held: set[tuple[str, int]] = set()
+    holders: list[tuple[Host, int]] = []
+    lock = threading.Lock()
+
+    def one(key: tuple) -> None:
+        host, ports = opened[key], sorted(set(by_dest[key]))
+        cmd = hold_command(_python(targets[key]), ports, opts.reach_timeout + 60)
+        try:
+            stream = host.open_stream(cmd)
+        except HostError:
+            return  # judged as before: "refused" then means nothing listens
+        buf, deadline, pid = b"", time.monotonic() + 30, None
+        while b"ready\n" not in buf and time.monotonic() < deadline:
+            chunk = stream.read(0.5)
+            if chunk is None:
+                break
+            buf += chunk
+        lines = buf.decode(errors="replace").splitlines()
+        if lines and lines[0].strip().isdigit():
+            pid = int(lines[0])
+        with lock:
+            if pid is not None:
+                holders.append((host, pid))
+            for line in lines:
+                parts = line.split()
+                if len(parts) == 3 and parts[0] == "held" and "ready" in lines:
+                    held.add((parts[1], int(parts[2])))
+        stream.close()
+
+    _parallel(one, list(by_dest), opts.max_workers)
+    return held, holders
+
+
+def _release(holders: list[tuple[Host, int]]) -> None:
+    for host, pid in holders:
+        with contextlib.suppress(HostError):
+            host.run(f"kill {int(pid)} 2>/dev/null; true", timeout=30)
+
+
 def _skip_pair(label: str, probe: str, why: str) -> CheckResult:
     return CheckResult(probe, label, Status.SKIP, f"not run: {why}")
 
@@ -538,13 +601,26 @@ def run_check(plan: Plan, opts: CheckOptions | None = None, *, pool: Any = None)
             t.reachable = True
             with lock:
                 opened[t.key] = host
-            batch = list(jobs[t.key])
-            if mine:
-                batch.append(_reach_job(mine, _python(t), opts.reach_timeout))
-            return run_jobs(host, batch, t.label)
+            return run_jobs(host, list(jobs[t.key]), t.label)
 
         per_host = _parallel(phase1, hosts, opts.max_workers)
         results = [r for rs in per_host for r in rs]
+
+        # -- phase 1b: reachability, after the free-port probes: every target port that is
+        # free is held by a listener while its peers connect, then released
+        held, holders = _hold_ports(reaches, by_proc, opened, opts)
+        try:
+
+            def reach(t: HostTarget) -> list[CheckResult]:
+                mine = [r for r in reaches if by_proc[r.source] is t]
+                if not mine or t.key not in opened:  # phase 1 said why for unreachable ones
+                    return []
+                job = _reach_job(mine, _python(t), opts.reach_timeout, held)
+                return run_jobs(opened[t.key], [job], t.label)
+
+            results += [r for rs in _parallel(reach, hosts, opts.max_workers) for r in rs]
+        finally:
+            _release(holders)
 
         # -- phase 2: pairs that need phase-1 facts or a peer process
         if not opts.fast:

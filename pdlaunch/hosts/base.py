@@ -475,6 +475,15 @@ rm -f -- "$t"; exit 1
         fields = res.stdout.split()
         return fields if len(fields) >= 20 else None
 
+    def open_stream(self, command: str) -> Stream:
+        """Start ``command`` (``sh -c``) and read its stdout as it comes (``Stream.read``);
+        ``Stream.close`` (or closing the host) stops reading and kills it where it can: a
+        caller that needs the process gone for sure has it print its pid and kills that."""
+        stream = self._open_stream(command)
+        with self._streams_lock:
+            self._streams.add(stream)
+        return stream
+
     # logs ---------------------------------------------------------------------------------------
     def read_log(self, path: str, lines: int = 50) -> str:
         """The last ``lines`` lines of a file (``""`` if it does not exist)."""

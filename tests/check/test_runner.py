@@ -206,7 +206,9 @@ def test_check_over_sshd_hosts(cuda_cpu, sshd_cluster):
     assert report.pairs == ["decode-0 -> prefill-0", "router -> prefill-0", "router -> decode-0"]
     (side,) = rows(report, "ports.reach", "decode-0 -> prefill-0")
     assert side.status is Status.OK and f":{ports['p_side']}" in side.message
-    assert side.data["result"] == "refused"  # nothing listens yet, but the host answers
+    # nothing listens yet: check holds the free port with its own listener while decode's
+    # host connects, so a firewall that rejects could not pass for an empty port
+    assert side.data["result"] == "open" and side.data["held"] is True
     (http,) = rows(report, "ports.reach", "router -> prefill-0")
     assert http.data["result"] == "open" and http.status is Status.OK  # our listener
     assert {r.target for r in rows(report, "ports.reach")} == set(report.pairs)

@@ -139,6 +139,34 @@ for i,(h,p) in enumerate(targets):
     print(json.dumps(r,sort_keys=True))"""
 
 
+#: run on a reachability target before the peers connect: listens on every planned port that
+#: is free, so "refused" can only mean something between the hosts rejects the connection (a
+#: REJECT firewall rule answers exactly like a port nobody listens on). Prints its pid, one
+#: "held ADDRESS PORT" line per port it holds, then "ready"; the runner kills it after the
+#: test, and it exits by itself after argv[2] seconds whatever happens.
+HOLD_SNIPPET = """import json,os,select,socket,sys,time
+ts=json.loads(sys.argv[1]);ss=[]
+print(os.getpid(),flush=True)
+for h,p in ts:
+    try:
+        s=socket.socket(socket.AF_INET6 if ":" in h else socket.AF_INET)
+        s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)
+        s.bind((h,int(p)));s.listen(64);ss.append(s)
+        print("held %s %d"%(h,int(p)),flush=True)
+    except OSError:
+        pass
+print("ready",flush=True)
+end=time.monotonic()+float(sys.argv[2])
+while ss and time.monotonic()<end:
+    for s in select.select(ss,[],[],0.5)[0]:
+        s.accept()[0].close()"""
+
+
+def hold_command(python: str, targets: Iterable[tuple[str, int]], max_s: float) -> str:
+    listed = json.dumps([[h, int(p)] for h, p in targets])
+    return f"exec {q(python)} -c {q(HOLD_SNIPPET)} {q(listed)} {float(max_s)}"
+
+
 def _cmd_reach(params: Mapping[str, Any]) -> str:
     py = params.get("python", "python3")
     return (
@@ -168,10 +196,23 @@ def eval_port_reach(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     data = probe_json(out.stdout)
     if data is None:
         return [unparsed(ctx, "reachability probe", out)]
+    data = {**data, "held": bool(ctx.params.get("held"))}
     dest = f"{data.get('host')}:{data.get('port')}"
     result = data.get("result")
     if result == "open":
         return [row(ctx, Status.OK, f"{dest} reachable (a listener answers)", **data)]
+    if result == "refused" and ctx.params.get("held"):
+        return [
+            row(
+                ctx,
+                Status.FAIL,
+                f"{dest} refused although pdlaunch was listening on it: something between "
+                "the hosts rejects the connection (a REJECT firewall rule, a TCP reset)",
+                "allow the port in the firewall (iptables/nft, security group) between these "
+                "hosts",
+                **data,
+            )
+        ]
     if result == "refused":
         msg = f"{dest} reachable (host answers, nothing listening yet)"
         return [row(ctx, Status.OK, msg, **data)]
