@@ -187,18 +187,45 @@ def own_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def preflight(plan, cluster: RelayedCluster, took: list[float]):
+# `up`'s steps (its Reporter messages, by prefix) -> phase names in the report
+PHASES = (
+    ("checking what already runs", "survey"),
+    ("preflight check", "preflight"),
+    ("connecting", "connect"),
+    ("uploading", "upload"),
+    ("starting the router", "router"),
+    ("starting", "start"),
+    ("waiting", "health"),
+)
+
+
+class StepTimer(launch.Reporter):
+    """Times `up`'s steps: each lasts until the next one starts (the last until `up` ends)."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[float, str]] = []
+
+    def step(self, message: str) -> None:
+        name = next((p for prefix, p in PHASES if message.startswith(prefix)), message)
+        self.marks.append((time.perf_counter(), name))
+
+    def phases(self, end: float) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for (t, name), (t_next, _) in zip(self.marks, [*self.marks[1:], (end, "")], strict=True):
+            out[name] = out.get(name, 0.0) + t_next - t
+        return out
+
+
+def preflight(plan, cluster: RelayedCluster):
     """What the CLI's `up` runs before starting anything (cli/launch.py ``_preflight``)."""
 
     def run() -> None:
-        t0 = time.perf_counter()
         report = run_check(
             plan,
             CheckOptions(
                 fast=True, known_hosts=str(cluster.known_hosts), ssh_config=str(cluster.ssh_config)
             ),
         )
-        took.append(time.perf_counter() - t0)
         if report.failed:
             bad = [
                 f"{r.probe} {r.target}: {r.message}"
@@ -212,22 +239,23 @@ def preflight(plan, cluster: RelayedCluster, took: list[float]):
 
 def run_one(path: Path, cluster: RelayedCluster, check: bool) -> dict[str, float]:
     plan = load_plan(path)
-    took: list[float] = []
+    steps = StepTimer()
     opts = launch.UpOptions(
         timeout=300,
         canary=False,
         known_hosts=str(cluster.known_hosts),
         ssh_config=str(cluster.ssh_config),
         stop_grace=5,
-        preflight=preflight(plan, cluster, took) if check else None,
+        preflight=preflight(plan, cluster) if check else None,
     )
     n = len({p.host for p in plan.processes})
     time.sleep(0.3)  # let the sshd reap the previous run's connections (not this run's CPU)
     hosts0, relay0 = cluster.hosts_cpu(n), cluster.relay_cpu()
     with count_ssh() as counts:
         t0, cpu0 = time.perf_counter(), own_cpu()
-        result = launch.up(plan, opts)
-        up_s, cpu_s = time.perf_counter() - t0, own_cpu() - cpu0
+        result = launch.up(plan, opts, steps)
+        end, cpu_s = time.perf_counter(), own_cpu() - cpu0
+        up_s = end - t0
     if not result.changed:
         raise SystemExit(f"up did not start anything: {result.message}")
     time.sleep(0.3)  # let each sshd reap its finished sessions (cutime)
@@ -244,13 +272,13 @@ def run_one(path: Path, cluster: RelayedCluster, check: bool) -> dict[str, float
     return {
         "healthy_s": result.healthy_s,
         "up_s": up_s,
-        "preflight_s": took[0] if took else 0.0,
         "down_s": down_s,
         "pdlaunch_cpu_s": cpu_s,
         "pdlaunch_cpu_per_host_s": cpu_s / n,
         "hosts_cpu_s": hosts_cpu,
         "relay_cpu_s": relay_cpu,
         **{f"ssh_{k}_per_host": v for k, v in counts.per_host().items()},
+        **{f"phase:{k}_s": v for k, v in steps.phases(end).items()},
     }
 
 
@@ -350,7 +378,7 @@ def main() -> None:
         print(
             f"{n:5d} {2 * n + 1:5d} {med(n, 'healthy_s'):6.2f} "
             f"({r['healthy_s']['min']:.2f}-{r['healthy_s']['max']:.2f}) "
-            f"{med(n, 'up_s'):6.2f} {med(n, 'preflight_s'):7.2f} {med(n, 'down_s'):6.2f} "
+            f"{med(n, 'up_s'):6.2f} {med(n, 'phase:preflight_s'):7.2f} {med(n, 'down_s'):6.2f} "
             f"{med(n, 'pdlaunch_cpu_s'):9.2f} {med(n, 'pdlaunch_cpu_per_host_s'):6.3f} "
             f"{med(n, 'hosts_cpu_s'):9.2f} {med(n, 'hosts_cpu_s') / (os.cpu_count() or 1):7.2f} "
             f"{med(n, 'ssh_connections_per_host'):6.1f} "
@@ -362,6 +390,20 @@ def main() -> None:
         print(
             f"wall({n})/wall({base}): healthy {h:.2f} ({verdict}, goal <= {GOAL}), up {u:.2f}; "
             f"without the {start_s:g}s engine start: {overhead[str(n)]:.2f}"
+        )
+    for n in counts:
+        phases = {
+            k.removeprefix("phase:").removesuffix("_s"): v["median"]
+            for k, v in results[n].items()
+            if k.startswith("phase:")
+        }
+        order = ["survey", "preflight", "connect", "upload", "start", "health", "router"]
+        print(
+            f"phases of up, N={n} (s, medians): "
+            + ", ".join(
+                f"{k} {v:.2f}"
+                for k, v in sorted(phases.items(), key=lambda kv: [*order, kv[0]].index(kv[0]))
+            )
         )
     for n in (counts[0], counts[-1]):
         kinds = {

@@ -199,46 +199,65 @@ class SshCounts:
 
 _INNER = {"_exec_start", "_proc_stat", "_exec"}
 # what a Host method was called for, where the method name alone does not say
-_LABELS = {"run<-one": "rotate-logs", "run<-run_jobs": "check-batch", "find_started": "survey"}
+_LABELS = {
+    "run<-one": "rotate-logs",
+    "run<-run_jobs": "check-batch",
+    "run<-_release": "check-release-port",
+    "open_stream<-one": "check-hold-ports",
+    "find_started": "survey",
+}
 
 
 @contextlib.contextmanager
 def count_ssh() -> Iterator[SshCounts]:
     """Count what pdlaunch's SshHost does (its real methods still run; only a counter is
-    added around ``_connect`` and ``_exec``, through which every host command goes)."""
+    added around ``_connect``, ``_exec``, through which every host command goes, and
+    ``_open_stream``, which runs a command whose output is read as it comes)."""
     from pdlaunch.hosts.ssh import SshHost
 
     counts = SshCounts()
     lock = threading.Lock()
-    real_exec, real_connect = SshHost._exec, SshHost._connect
+    real_exec, real_connect, real_stream = SshHost._exec, SshHost._connect, SshHost._open_stream
 
-    def caller() -> str:
-        f = sys._getframe(2)
+    def caller(depth: int) -> str:
+        """The Host method ``depth`` frames up (past private helpers), with who called it
+        where the method alone does not say what for."""
+        f = sys._getframe(depth)
         while f is not None and f.f_code.co_name in _INNER:
             f = f.f_back
         if f is None:
             return "?"
         name = f.f_code.co_name
-        if name == "run" and f.f_back is not None:  # host.run: say who asked
-            name = f"run<-{f.f_back.f_code.co_name}"
+        if name in ("run", "open_stream") and f.f_back is not None:
+            name = f"{name}<-{f.f_back.f_code.co_name}"
         return _LABELS.get(name, name)
 
     def exec_(self, command, **kw):
-        label = caller()
+        label = caller(2)
         with lock:
             counts.commands.setdefault(self.name, collections.Counter())[label] += 1
         return real_exec(self, command, **kw)
+
+    def stream_(self, command):
+        label = caller(2)
+        with lock:
+            counts.commands.setdefault(self.name, collections.Counter())[label] += 1
+        return real_stream(self, command)
 
     def connect_(self):
         with lock:
             counts.connections[self.name] += 1
         return real_connect(self)
 
-    SshHost._exec, SshHost._connect = exec_, connect_
+    SshHost._exec, SshHost._connect, SshHost._open_stream = exec_, connect_, stream_
     try:
         yield counts
     finally:
-        SshHost._exec, SshHost._connect = real_exec, real_connect
+        SshHost._exec, SshHost._connect, SshHost._open_stream = (
+            real_exec,
+            real_connect,
+            real_stream,
+        )
 
 
 # ------------------------------------------------------------------------------ the topology
