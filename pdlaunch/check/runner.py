@@ -520,7 +520,7 @@ def _hold_ports(
     by_proc: Mapping[str, HostTarget],
     opened: Mapping[tuple, Host],
     opts: CheckOptions,
-) -> tuple[set[tuple[str, int]], list[tuple[Host, int]]]:
+) -> tuple[set[tuple[str, int]], list[tuple[Host, int | None, Any]]]:
     """Start a listener on every reach target's host (one process per host) on the planned
     ports that are free; returns the (address, port) pairs held and (host, pid) to stop."""
     by_dest: dict[tuple, list[tuple[str, int]]] = {}
@@ -530,7 +530,7 @@ def _hold_ports(
             by_dest.setdefault(t.key, []).append((r.address, r.port))
     targets = {t.key: t for t in by_proc.values()}
     held: set[tuple[str, int]] = set()
-    holders: list[tuple[Host, int]] = []
+    holders: list[tuple[Host, int | None, Any]] = []
     lock = threading.Lock()
 
     def one(key: tuple) -> None:
@@ -550,22 +550,23 @@ def _hold_ports(
         if lines and lines[0].strip().isdigit():
             pid = int(lines[0])
         with lock:
-            if pid is not None:
-                holders.append((host, pid))
+            # The stream stays open until release: closing it kills a local holder at once.
+            holders.append((host, pid, stream))
             for line in lines:
                 parts = line.split()
                 if len(parts) == 3 and parts[0] == "held" and "ready" in lines:
                     held.add((parts[1], int(parts[2])))
-        stream.close()
 
     _parallel(one, list(by_dest), opts.max_workers)
     return held, holders
 
 
-def _release(holders: list[tuple[Host, int]]) -> None:
-    for host, pid in holders:
-        with contextlib.suppress(HostError):
-            host.run(f"kill {int(pid)} 2>/dev/null; true", timeout=30)
+def _release(holders: list[tuple[Host, int | None, Any]]) -> None:
+    for host, pid, stream in holders:
+        if pid is not None:
+            with contextlib.suppress(HostError):
+                host.run(f"kill {int(pid)} 2>/dev/null; true", timeout=30)
+        stream.close()
 
 
 def _skip_pair(label: str, probe: str, why: str) -> CheckResult:
