@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pdlaunch.backends import k8s
+from pdlaunch.backends import k8s, k8s_files
 from pdlaunch.cli.app import app, failed, load_or_exit, out, plan_or_exit
 from pdlaunch.cli.options import TopologyArg
 
@@ -37,7 +37,7 @@ def k8s_cmd(
     plan = plan_or_exit(topology)
     topo, source = load_or_exit(topology, False)
     try:
-        paths = k8s.export_k8s(plan, topo, out_dir, k8s_target, image, source=source)  # type: ignore[arg-type]
+        paths = k8s_files.export_k8s(plan, topo, out_dir, k8s_target, image, source=source)  # type: ignore[arg-type]
     except k8s.ExportError as exc:
         failed(str(exc))
     except OSError as exc:

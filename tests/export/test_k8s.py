@@ -23,7 +23,8 @@ import yaml
 
 from pdlaunch import facts
 from pdlaunch.backends import k8s
-from pdlaunch.backends.k8s import ExportError, build, export_k8s, write_manifests
+from pdlaunch.backends.k8s import ExportError, build
+from pdlaunch.backends.k8s_files import export_k8s, write_manifests
 from pdlaunch.devices import PROFILES
 from pdlaunch.load import load, load_text
 from pdlaunch.plan import Plan, build_plan
@@ -590,7 +591,7 @@ def test_same_plan_same_bytes(tmp_path: Path):
         import sys; sys.path.insert(0, {str(ROOT)!r})
         from pdlaunch.load import load
         from pdlaunch.plan import build_plan
-        from pdlaunch.backends.k8s import write_manifests
+        from pdlaunch.backends.k8s_files import write_manifests
         write_manifests(build_plan(load({str(ROOT / "topologies" / "gb200-xpyd.yaml")!r})[0]),
                         {str(tmp_path / "c")!r})
         """
