@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from netns_relay import (  # noqa: E402
     count_ssh,
     fanout_topology,
     load_plan,
+    own_cpu,
     probe_python,
     rtt_lines,
 )
@@ -50,10 +50,6 @@ from pdlaunch.check.runner import CheckOptions, CheckReport, run_check  # noqa: 
 
 GOAL = 1.3
 
-
-def own_cpu() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
 
 
 def run_one(plan, opts: CheckOptions, cluster: RelayedCluster) -> tuple[dict, CheckReport]:

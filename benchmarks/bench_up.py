@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import signal
 import socket
@@ -59,6 +58,7 @@ from netns_relay import (  # noqa: E402
     count_ssh,
     fanout_topology,
     load_plan,
+    own_cpu,
     probe_python,
     rtt_lines,
 )
@@ -181,10 +181,6 @@ def standin_cpu_ms(exe: str, samples: int = 5) -> float:
         cpu.append((ru.ru_utime + ru.ru_stime) * 1000)
     return statistics.median(cpu)
 
-
-def own_cpu() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
 
 
 # `up`'s steps (its Reporter messages, by prefix) -> phase names in the report
