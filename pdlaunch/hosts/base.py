@@ -99,6 +99,20 @@ def sh_quote_path(path: str) -> str:
     return shlex.quote(path)
 
 
+def exec_owned_script(script: str) -> str:
+    """Exec the script only if it is still ours and nobody else could have changed it since
+    the upload (the work dir is checked too, but a script is what runs with our rights)."""
+    q = sh_quote_path(script)
+    return (
+        f"s={q}; "
+        'if [ -L "$s" ] || [ "$(stat -c %u -- "$s")" != "$(id -u)" ]; then '
+        'echo "pdlaunch: refusing to run $s: not a file owned by $(id -un)" >&2; exit 96; fi; '
+        'case $(stat -c %a -- "$s") in *[2367]?|*[2367]) '
+        'echo "pdlaunch: refusing to run $s: writable by others" >&2; exit 96;; esac; '
+        'exec "$s"'
+    )
+
+
 def _check_pid(pid: int) -> int:
     pid = int(pid)
     if pid <= 1:

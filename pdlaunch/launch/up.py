@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pdlaunch import health
 from pdlaunch.hosts import CommandTimeout, HostError, HostPool, parallel, sh_quote_path
+from pdlaunch.hosts.base import exec_owned_script
 from pdlaunch.hosts.pool import MAX_WORKERS, HostKey, Opener
 from pdlaunch.plan import Plan, Process
 from pdlaunch.render import RenderedFile, render_plan
@@ -191,7 +192,7 @@ class _Run:
             host = proc_host(self.pool, p)
             self.set(p.name, "starting", "launching")
             pid = host.start_detached(
-                _guarded_exec(p.script_path),  # the pid is the engine's own
+                exec_owned_script(p.script_path),  # the pid is the engine's own
                 pid_file=p.pid_path,
                 log_file=p.log_path,
                 cwd=p.work_dir,
@@ -311,20 +312,6 @@ class _Run:
 
 def _dirname(path: str) -> str:
     return path.rsplit("/", 1)[0] if "/" in path else "."
-
-
-def _guarded_exec(script: str) -> str:
-    """Exec the script only if it is still ours and nobody else could have changed it since
-    the upload (the work dir is checked too, but a script is what runs with our rights)."""
-    q = sh_quote_path(script)
-    return (
-        f"s={q}; "
-        'if [ -L "$s" ] || [ "$(stat -c %u -- "$s")" != "$(id -u)" ]; then '
-        'echo "pdlaunch: refusing to run $s: not a file owned by $(id -un)" >&2; exit 96; fi; '
-        'case $(stat -c %a -- "$s") in *[2367]?|*[2367]) '
-        'echo "pdlaunch: refusing to run $s: writable by others" >&2; exit 96;; esac; '
-        'exec "$s"'
-    )
 
 
 # -- up -------------------------------------------------------------------------------------------

@@ -416,3 +416,25 @@ def test_close_stops_followers(case, tmp_path):
     t.join(5)
     assert not t.is_alive()
     assert wait_for(lambda: not _tails_of(f)), _tails_of(f)
+
+
+def test_exec_owned_script_refuses_a_script_others_can_write(tmp_path):
+    from pdlaunch.hosts import LocalHost
+    from pdlaunch.hosts.base import exec_owned_script
+
+    host = LocalHost()
+    script = tmp_path / "engine.sh"
+    marker = tmp_path / "ran"
+    script.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    for mode, runs in ((0o777, False), (0o755, True)):
+        script.chmod(mode)
+        log = tmp_path / f"log-{mode:o}"
+        pid = host.start_detached(
+            exec_owned_script(str(script)), pid_file=str(tmp_path / "pid"), log_file=str(log)
+        )
+        deadline = time.monotonic() + 10
+        while host.is_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists() is runs, log.read_text()
+        if not runs:
+            assert "writable by others" in log.read_text()
