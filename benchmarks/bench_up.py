@@ -66,6 +66,7 @@ from netns_relay import (  # noqa: E402
 from pdlaunch import launch  # noqa: E402
 from pdlaunch.check.results import Status  # noqa: E402
 from pdlaunch.check.runner import CheckOptions, run_check  # noqa: E402
+from pdlaunch.hosts import ConnectOptions  # noqa: E402
 
 GOAL = 1.3
 
@@ -236,11 +237,13 @@ def preflight(plan, cluster: RelayedCluster):
 def run_one(path: Path, cluster: RelayedCluster, check: bool) -> dict[str, float]:
     plan = load_plan(path)
     steps = StepTimer()
+    connect = ConnectOptions(
+        known_hosts=str(cluster.known_hosts), ssh_config=str(cluster.ssh_config)
+    )
     opts = launch.UpOptions(
         timeout=300,
         canary=False,
-        known_hosts=str(cluster.known_hosts),
-        ssh_config=str(cluster.ssh_config),
+        connect=connect,
         stop_grace=5,
         preflight=preflight(plan, cluster) if check else None,
     )
@@ -260,8 +263,7 @@ def run_one(path: Path, cluster: RelayedCluster, check: bool) -> dict[str, float
     t1 = time.perf_counter()
     launch.down(  # raises when something could not be stopped
         plan.deployment,
-        known_hosts=str(cluster.known_hosts),
-        ssh_config=str(cluster.ssh_config),
+        connect=connect,
         grace=5,
     )
     down_s = time.perf_counter() - t1

@@ -298,9 +298,7 @@ def down_cmd(
         result = launch.down(
             deployment,
             plan=plan,
-            accept_new_host_keys=connect.accept_new_host_keys,
-            known_hosts=connect.known_hosts,
-            ssh_config=connect.ssh_config,
+            connect=connect,
             grace=grace,
             reporter=reporter,
         )
@@ -365,9 +363,7 @@ def status_cmd(
     try:
         state, rows = launch.status(
             deployment,
-            accept_new_host_keys=connect.accept_new_host_keys,
-            known_hosts=connect.known_hosts,
-            ssh_config=connect.ssh_config,
+            connect=connect,
         )
     except (launch.LaunchError, StateError, HostError) as exc:
         failed(str(exc))
@@ -444,9 +440,7 @@ def logs_cmd(
             name,
             lines=lines,
             follow=follow,
-            accept_new_host_keys=connect.accept_new_host_keys,
-            known_hosts=connect.known_hosts,
-            ssh_config=connect.ssh_config,
+            connect=connect,
         ):
             out.out(line, highlight=False)
     except (launch.LaunchError, StateError, HostError) as exc:

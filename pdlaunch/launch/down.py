@@ -19,7 +19,7 @@ from pdlaunch.state import (
     save_state,
 )
 
-from .model import DownResult, LaunchError, Reporter, connect_options
+from .model import DownResult, LaunchError, Reporter
 from .records import survey, unknown_message, unrecorded_state
 from .stopping import stop_processes
 
@@ -31,9 +31,6 @@ def down(
     connect: ConnectOptions | None = None,
     grace: float = 10.0,
     reporter: Reporter | None = None,
-    accept_new_host_keys: bool = False,
-    known_hosts: str | None = None,
-    ssh_config: str | None = None,
     opener: Opener | None = None,
 ) -> DownResult:
     """Stop a deployment (router, decode, prefill) and forget it. Idempotent.
@@ -45,7 +42,7 @@ def down(
     process of it is proven gone; an unreachable host keeps it.
     """
     reporter = reporter or Reporter()
-    connect = connect_options(connect, accept_new_host_keys, known_hosts, ssh_config)
+    connect = connect or ConnectOptions()
     if not deployment_dir(deployment).is_dir():
         # Nothing was ever recorded here: do not create a directory (or lock) for a typo.
         if plan is None:

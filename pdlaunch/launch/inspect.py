@@ -13,7 +13,7 @@ from pdlaunch.hosts import ConnectOptions, HostPool, parallel
 from pdlaunch.hosts.pool import Opener
 from pdlaunch.state import DeploymentState, ProcessState, StateError, load_state
 
-from .model import LaunchError, connect_options
+from .model import LaunchError
 from .records import proc_host, survey
 
 
@@ -31,15 +31,12 @@ def status(
     deployment: str,
     *,
     connect: ConnectOptions | None = None,
-    accept_new_host_keys: bool = False,
-    known_hosts: str | None = None,
-    ssh_config: str | None = None,
     opener: Opener | None = None,
 ) -> tuple[DeploymentState | None, list[dict[str, Any]]]:
     state = _load(deployment)
     if state is None:
         return None, []
-    connect = connect_options(connect, accept_new_host_keys, known_hosts, ssh_config)
+    connect = connect or ConnectOptions()
     now = time.time()
     options = connect.or_recorded(state.known_hosts, state.ssh_config)
     with HostPool(options, opener=opener) as pool:
@@ -86,9 +83,6 @@ def logs(
     lines: int = 50,
     follow: bool = False,
     connect: ConnectOptions | None = None,
-    accept_new_host_keys: bool = False,
-    known_hosts: str | None = None,
-    ssh_config: str | None = None,
     stop: threading.Event | None = None,
 ) -> Iterator[str]:
     """The last ``lines`` of a process's log, then (``follow``) each new line."""
@@ -99,7 +93,7 @@ def logs(
     if ps is None:
         names = ", ".join(p.name for p in state.processes)
         raise LaunchError(f"{deployment} has no process {name!r} (processes: {names})")
-    connect = connect_options(connect, accept_new_host_keys, known_hosts, ssh_config)
+    connect = connect or ConnectOptions()
     pool = HostPool(connect.or_recorded(state.known_hosts, state.ssh_config))
     try:
         host = proc_host(pool, ps)

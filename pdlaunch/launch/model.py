@@ -87,18 +87,6 @@ class UpOptions:
     # running one holds its own ports, which a port probe would report as taken). Raises to
     # refuse; skipped when running processes are adopted.
     preflight: Callable[[], None] | None = None
-    # Compatibility with callers that still pass the SSH trio one by one.
-    accept_new_host_keys: bool = False
-    known_hosts: str | None = None
-    ssh_config: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.accept_new_host_keys or self.known_hosts or self.ssh_config:
-            self.connect = ConnectOptions(
-                self.accept_new_host_keys or self.connect.accept_new_host_keys,
-                self.known_hosts or self.connect.known_hosts,
-                self.ssh_config or self.connect.ssh_config,
-            )
 
 
 @dataclass
@@ -117,18 +105,3 @@ class UpResult:
 class DownResult:
     stopped: list[str]
     message: str
-
-
-def connect_options(
-    connect: ConnectOptions | None,
-    accept_new_host_keys: bool = False,
-    known_hosts: str | None = None,
-    ssh_config: str | None = None,
-) -> ConnectOptions:
-    """One ConnectOptions from either form callers use."""
-    base = connect or ConnectOptions()
-    return ConnectOptions(
-        accept_new_host_keys or base.accept_new_host_keys,
-        known_hosts or base.known_hosts,
-        ssh_config or base.ssh_config,
-    )
