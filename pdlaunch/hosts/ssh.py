@@ -130,6 +130,19 @@ def _record_host_key(path: Path, hostname: str, key: paramiko.PKey) -> None:
             f.write(line)
 
 
+def _nodelay_transport(sock, **kwargs) -> paramiko.Transport:
+    """paramiko's Transport on a socket with Nagle off. SSH sends many small packets that
+    wait for each other (channel open, exec, window adjust, EOF): with Nagle on, each waits
+    for the peer's delayed ACK, up to 40 ms per command (measured ~48 ms vs ~5 ms per command
+    on a veth bridge). Set before the handshake, so key exchange and auth gain too. Through a
+    jump host ``sock`` is a channel of the hop's transport (whose own socket was set here);
+    through a ProxyCommand it is a pipe: neither has a TCP option to set."""
+    if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return paramiko.Transport(sock, **kwargs)
+
+
 def _split_paths(value) -> list[str]:
     if not value:
         return []
@@ -209,7 +222,13 @@ class SshHost(Host):
     def _connect_kwargs(self) -> dict:
         s = self.settings
         t = float(s.connect_timeout)
-        kw: dict = {"timeout": t, "banner_timeout": t, "auth_timeout": t, "channel_timeout": t}
+        kw: dict = {
+            "timeout": t,
+            "banner_timeout": t,
+            "auth_timeout": t,
+            "channel_timeout": t,
+            "transport_factory": _nodelay_transport,
+        }
         if s.key_file:
             key = os.path.expanduser(s.key_file)
             if not os.path.isfile(key):

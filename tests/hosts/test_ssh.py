@@ -231,6 +231,35 @@ def test_jump_host_failures_name_the_jump_host(sshd_hosts, ssh_connect, ssh_sett
         )
 
 
+# -- socket options ------------------------------------------------------------------------------
+def _nodelay(sock: socket.socket) -> bool:
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+def test_ssh_socket_has_nagle_off(ssh_connect, sshd_host):
+    # Nagle + the server's delayed ACK cost up to 40 ms per command (several small packets
+    # per exec); the kernel's default is on, so this fails unless pdlaunch turns it off.
+    with socket.create_connection(("127.0.0.1", sshd_host.port)) as plain:
+        assert not _nodelay(plain)
+    host = ssh_connect(sshd_host)
+    assert host.run("echo ok").stdout == "ok\n"
+    sock = host._conn.transport.sock
+    assert isinstance(sock, socket.socket)
+    assert _nodelay(sock)
+
+
+def test_jump_host_socket_has_nagle_off(sshd_hosts, ssh_connect, ssh_settings):
+    jump, target = sshd_hosts(2)
+    spec = f"{ssh_settings(jump).user}@127.0.0.1:{jump.port}"
+    host = ssh_connect(target, ssh=ssh_settings(target, jump=spec))
+    assert host.run("pwd").stdout.strip() == str(target.home)
+    # the target's transport rides a channel of the hop: the hop's TCP socket is the wire
+    (hop,) = host._hops
+    assert isinstance(hop.transport.sock, socket.socket)
+    assert _nodelay(hop.transport.sock)
+    assert not isinstance(host._conn.transport.sock, socket.socket)
+
+
 # -- concurrency ---------------------------------------------------------------------------------
 def test_one_host_many_threads(ssh_connect, sshd_host):
     host = ssh_connect(sshd_host)
