@@ -47,9 +47,9 @@ from netns_relay import (  # noqa: E402
 )
 
 from pdlaunch.check.runner import CheckOptions, CheckReport, run_check  # noqa: E402
+from pdlaunch.hosts import ConnectOptions  # noqa: E402
 
 GOAL = 1.3
-
 
 
 def run_one(plan, opts: CheckOptions, cluster: RelayedCluster) -> tuple[dict, CheckReport]:
@@ -104,9 +104,10 @@ def main() -> None:
                 )
                 path.write_text(yaml.safe_dump(topo, sort_keys=False))
                 plans[n] = load_plan(path)
-            opts = CheckOptions(
-                fast=True, known_hosts=str(cluster.known_hosts), ssh_config=str(cluster.ssh_config)
+            connect = ConnectOptions(
+                known_hosts=str(cluster.known_hosts), ssh_config=str(cluster.ssh_config)
             )
+            opts = CheckOptions(fast=True, connect=connect)
             for n in counts:
                 run_one(plans[n], opts, cluster)  # warm-up: imports, page cache, first forks
             for _ in range(args.repeat):  # interleaved: load from elsewhere hits every N alike

@@ -66,7 +66,7 @@ from netns_relay import (  # noqa: E402
 from pdlaunch import launch  # noqa: E402
 from pdlaunch.check.results import Status  # noqa: E402
 from pdlaunch.check.runner import CheckOptions, run_check  # noqa: E402
-from pdlaunch.hosts import ConnectOptions  # noqa: E402
+from pdlaunch.hosts import ConnectOptions, HostPool  # noqa: E402
 
 GOAL = 1.3
 
@@ -183,7 +183,6 @@ def standin_cpu_ms(exe: str, samples: int = 5) -> float:
     return statistics.median(cpu)
 
 
-
 # `up`'s steps (its Reporter messages, by prefix) -> phase names in the report
 PHASES = (
     ("checking what already runs", "survey"),
@@ -213,16 +212,12 @@ class StepTimer(launch.Reporter):
         return out
 
 
-def preflight(plan, cluster: RelayedCluster):
-    """What the CLI's `up` runs before starting anything (cli/launch.py ``_preflight``)."""
+def preflight(plan, connect: ConnectOptions):
+    """What the CLI's `up` runs before starting anything (cli/launch.py ``_preflight``): the
+    fast check on `up`'s own connected hosts."""
 
-    def run() -> None:
-        report = run_check(
-            plan,
-            CheckOptions(
-                fast=True, known_hosts=str(cluster.known_hosts), ssh_config=str(cluster.ssh_config)
-            ),
-        )
+    def run(pool: HostPool) -> None:
+        report = run_check(plan, CheckOptions(fast=True, connect=connect), pool=pool)
         if report.failed:
             bad = [
                 f"{r.probe} {r.target}: {r.message}"
@@ -245,7 +240,7 @@ def run_one(path: Path, cluster: RelayedCluster, check: bool) -> dict[str, float
         canary=False,
         connect=connect,
         stop_grace=5,
-        preflight=preflight(plan, cluster) if check else None,
+        preflight=preflight(plan, connect) if check else None,
     )
     n = len({p.host for p in plan.processes})
     time.sleep(0.3)  # let the sshd reap the previous run's connections (not this run's CPU)

@@ -66,7 +66,8 @@ from pdlaunch.check.probes.ports import (
 from pdlaunch.check.probes.rdma import planned_hcas
 from pdlaunch.check.probes.ucx import uses_rdma
 from pdlaunch.check.results import CheckResult, Status, has_failure
-from pdlaunch.hosts import Host, HostError
+from pdlaunch.hosts import ConnectOptions, Host, HostError, HostPool
+from pdlaunch.hosts.pool import host_key
 from pdlaunch.plan import Plan, Process
 
 PYTHON_ENV = "PDLAUNCH_PYTHON"
@@ -80,14 +81,13 @@ TIMEOUT_RC = 124  # coreutils `timeout`
 class CheckOptions:
     """fast: the quick subset `up` runs (no NPU pings, no bandwidth).
     bandwidth: add ``ib_write_bw`` between every prefill -> decode host pair (RDMA plans).
+    connect: how hosts are reached (unused when ``run_check`` is handed a connected pool).
     reach_timeout: seconds a reachability connect may take before it counts as filtered.
     min_bandwidth_gbps: WARN below it (``--bandwidth``)."""
 
     fast: bool = False
     bandwidth: bool = False
-    accept_new_host_keys: bool = False
-    known_hosts: str | None = None
-    ssh_config: str | None = None  # replaces ~/.ssh/config (like ssh -F)
+    connect: ConnectOptions = field(default_factory=ConnectOptions)
     reach_timeout: float = 3.0
     min_bandwidth_gbps: float | None = None
     max_workers: int = 64
@@ -188,11 +188,6 @@ def _jsonable(v: Any) -> Any:
 
 
 # ------------------------------------------------------------------------------ the hosts
-
-
-def host_key(address: str, local: bool, ssh: Mapping[str, Any]) -> tuple:
-    """Same identity as launch.HostPool: one connection per (address, ssh settings)."""
-    return (address, local, () if local else tuple(sorted(ssh.items())))
 
 
 def group_hosts(plan: Plan) -> list[HostTarget]:
@@ -470,18 +465,12 @@ def run_jobs(host: Host, jobs: list[_Job], label: str) -> list[CheckResult]:
 
 
 class _Pool:
-    """Hosts opened for the check: launch.HostPool (one connection per host, shared keys
-    policy) when available; closes only what it opened."""
+    """The hosts of one check: the caller's connected HostPool (`up` hands its own, so its
+    preflight opens no second connection per host), else one opened here and closed after."""
 
-    def __init__(self, opts: CheckOptions, pool: Any = None):
+    def __init__(self, opts: CheckOptions, pool: HostPool | None = None):
         self._own = pool is None
-        if pool is None:
-            from pdlaunch.hosts import ConnectOptions, HostPool
-
-            pool = HostPool(
-                ConnectOptions(opts.accept_new_host_keys, opts.known_hosts, opts.ssh_config)
-            )
-        self.pool = pool
+        self.pool = HostPool(opts.connect) if pool is None else pool
 
     def get(self, t: HostTarget) -> Host:
         return self.pool.get(t.address, t.local, t.ssh)
@@ -578,8 +567,11 @@ def _skip_pair(label: str, probe: str, why: str) -> CheckResult:
     return CheckResult(probe, label, Status.SKIP, f"not run: {why}")
 
 
-def run_check(plan: Plan, opts: CheckOptions | None = None, *, pool: Any = None) -> CheckReport:
-    """Check every host and pair of ``plan``; never raises for host problems."""
+def run_check(
+    plan: Plan, opts: CheckOptions | None = None, *, pool: HostPool | None = None
+) -> CheckReport:
+    """Check every host and pair of ``plan``; never raises for host problems. ``pool``:
+    hosts already connected (left open); without it the check opens and closes its own."""
     opts = opts or CheckOptions()
     t0 = time.monotonic()
     hosts = group_hosts(plan)

@@ -39,13 +39,7 @@ def check_cmd(
     """Preflight every host and prefill->decode pair of the topology; starts nothing."""
     plan = plan_or_exit(topology, as_json)
     connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
-    opts = CheckOptions(
-        fast=fast,
-        bandwidth=bandwidth,
-        accept_new_host_keys=connect.accept_new_host_keys,
-        known_hosts=connect.known_hosts,
-        ssh_config=connect.ssh_config,
-    )
+    opts = CheckOptions(fast=fast, bandwidth=bandwidth, connect=connect)
     if as_json:
         report = run_check(plan, opts)
         print_json(report.to_dict())

@@ -162,14 +162,11 @@ def _failure_json(exc: Exception) -> dict[str, Any]:
     return data
 
 
-def _preflight(plan: Plan, connect: ConnectOptions, as_json: bool) -> None:
-    opts = CheckOptions(
-        fast=True,
-        accept_new_host_keys=connect.accept_new_host_keys,
-        known_hosts=connect.known_hosts,
-        ssh_config=connect.ssh_config,
-    )
-    report = run_check(plan, opts)
+def _preflight(
+    plan: Plan, connect: ConnectOptions, pool: launch.model.HostPool, as_json: bool
+) -> None:
+    # on `up`'s own connected hosts: no second SSH connection (and handshake) per host
+    report = run_check(plan, CheckOptions(fast=True, connect=connect), pool=pool)
     if report.failed:
         if as_json:
             print_json({"ok": False, "check": [r.to_dict() for r in report.results]})
@@ -214,7 +211,7 @@ def up_cmd(
         topology_path=str(topology.resolve()),
         # `up` runs it once it has proven nothing of the deployment runs (a running one
         # holds its own ports, which the port probe would report as taken).
-        preflight=None if skip_check else lambda: _preflight(plan, connect, as_json),
+        preflight=None if skip_check else lambda pool: _preflight(plan, connect, pool, as_json),
     )
     reporter = RichReporter(err, enabled=not as_json)
     try:

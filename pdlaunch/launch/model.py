@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pdlaunch import health
-from pdlaunch.hosts import ConnectOptions
+from pdlaunch.hosts import ConnectOptions, HostPool
 
 #: the order a deployment is stopped in (and the reverse of how it starts)
 STOP_ORDER = ("router", "decode", "prefill")
@@ -85,8 +85,9 @@ class UpOptions:
     canary_timeout: float = 300.0  # a PD request can stall for minutes on a loaded host
     # Run before anything starts, once `up` has proven nothing of the deployment runs (a
     # running one holds its own ports, which a port probe would report as taken). Raises to
-    # refuse; skipped when running processes are adopted.
-    preflight: Callable[[], None] | None = None
+    # refuse; skipped when running processes are adopted. It gets `up`'s own connected hosts,
+    # so it opens no second SSH connection per host.
+    preflight: Callable[[HostPool], None] | None = None
 
 
 @dataclass

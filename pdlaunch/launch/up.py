@@ -274,9 +274,7 @@ class _Run:
             else:
                 reason = f"not healthy before the deadline ({out.detail} at {p.health_url})"
                 self.set(p.name, "failed", "health deadline passed")
-            failures.append(
-                Failure(p.name, p.host, reason, p.log_path, log_tail(host, p.log_path))
-            )
+            failures.append(Failure(p.name, p.host, reason, p.log_path, log_tail(host, p.log_path)))
             abort.set()
 
         # Own executor (not parallel()): on Ctrl-C the watchers must stop at once, not at the
@@ -365,7 +363,7 @@ def up(
                     )
                 else:
                     reporter.step("preflight check")
-                    opts.preflight()
+                    opts.preflight(pool)
             state.topology = opts.topology_path
             state.scripts_hash = digest
             state.endpoint = plan.endpoint()
@@ -456,7 +454,10 @@ def _reconcile(
                 + ", ".join(f"{s.name} (pid {s.pid})" for s in found.strangers)
             )
             copies = DeploymentState(
-                old.deployment, old.topology, old.scripts_hash, old.endpoint,
+                old.deployment,
+                old.topology,
+                old.scripts_hash,
+                old.endpoint,
                 old.served_model_name,
             )
             _stop_or_keep(copies, found.strangers, pool, reporter, opts, save=False)

@@ -26,7 +26,7 @@ from pdlaunch.check.runner import (
     run_check,
     run_jobs,
 )
-from pdlaunch.hosts import LocalHost
+from pdlaunch.hosts import ConnectOptions, LocalHost
 from pdlaunch.load import load
 from pdlaunch.plan import build_plan
 from pdlaunch.rules import has_errors, validate
@@ -92,7 +92,7 @@ def host_of(report: CheckReport, process: str) -> str:
 
 
 def opts(cluster, **kw) -> CheckOptions:
-    return CheckOptions(known_hosts=str(cluster.known_hosts), **kw)
+    return CheckOptions(connect=ConnectOptions(known_hosts=str(cluster.known_hosts)), **kw)
 
 
 @pytest.fixture

@@ -125,3 +125,32 @@ def test_exit_at_start_over_ssh_leaves_no_orphans(make_deployment, sshd_cluster,
     assert res.exit_code == 0 and "no process of it runs" in res.output, res.output
     res = cli("down", dep.path)  # the host key is unknown without them: refused, said why
     assert res.exit_code == 1 and "127.0.0.1" in res.output, res.output
+
+
+def test_preflight_reuses_ups_connection(make_deployment, sshd_cluster, sshd_host):
+    """The preflight check inside `up` runs on `up`'s own connection: one SSH login per host
+    for the survey and the whole check (a second handshake per host cost a round trip or
+    more at every host)."""
+    import socket
+
+    dep = make_deployment("sshpre", ssh=_ssh(sshd_cluster, sshd_host))
+    port = dep.spec["prefill"][0]["port"]
+    before = sshd_host.log_file.read_text().count("Accepted publickey")
+    with socket.socket() as sock:  # a taken port: the check must run over SSH and FAIL
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        res = cli(
+            "up",
+            dep.path,
+            "--with-check",
+            "--known-hosts",
+            sshd_cluster.known_hosts,
+            "--timeout",
+            "60",
+        )
+    assert res.exit_code == 1, res.output
+    assert "preflight check failed" in res.output and str(port) in res.output
+    logins = sshd_host.log_file.read_text().count("Accepted publickey") - before
+    assert logins == 1, sshd_host.log_tail(30)
+    assert load_state("sshpre") is None
