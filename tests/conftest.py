@@ -16,6 +16,9 @@ Real-sshd fixtures (see tests/sshd.py), for tests marked ``@pytest.mark.ssh``:
 * ``ssh_connect(h, **open_host_kwargs)`` (function): an open SshHost to ``h``; closed after
   the test.
 
+``fake_bins`` (session, tests/fake_bins_support.py): the launch tests' stand-in engine and
+router as executables (``{"vllm": path, "router": path}``), for the launch and Slurm tests.
+
 If OpenSSH's server is not installed, these fixtures FAIL (not skip) with an install hint.
 """
 
@@ -38,6 +41,7 @@ if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 
 from pdlaunch.hosts import SshHost, SshSettings, open_host  # noqa: E402
+from tests.fake_bins_support import fake_bins  # noqa: E402, F401 - fixture
 from tests.netns_fixtures import netns, netns_cluster  # noqa: E402, F401 - fixtures
 from tests.sshd import SshdCluster, SshdError, SshdHost  # noqa: E402
 

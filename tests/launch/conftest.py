@@ -1,38 +1,18 @@
-"""Launch-test helpers: the fake engine/router as executables, topologies built per test with
-free ports and their own work dir, the CLI in-process, and an orphan check through /proc."""
+"""Launch-test helpers: topologies built per test with free ports and their own work dir (on
+the fake engine/router executables, ``fake_bins`` of tests/conftest.py), the CLI in-process,
+and an orphan check through /proc."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.launch.helpers import Deployment, procs_under
 from tests.sshd import free_port
-
-HERE = Path(__file__).resolve().parent
-
-
-def _install(src: Path, dest: Path) -> Path:
-    """Copy a fake with this interpreter in its shebang (fast start, no PATH lookup on the
-    "remote" side, where sshd's PATH may not find the venv)."""
-    body = src.read_text().split("\n", 1)[1]
-    dest.write_text(f"#!{sys.executable} -S\n{body}")  # -S: no site-packages, faster
-    dest.chmod(0o755)
-    return dest
-
-
-@pytest.fixture(scope="session")
-def fake_bins(tmp_path_factory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("fake-bin")
-    return {
-        "vllm": _install(HERE / "fake_vllm.py", d / "fake-vllm"),
-        "router": _install(HERE / "fake_router.py", d / "fake-router"),
-    }
 
 
 @pytest.fixture(autouse=True)

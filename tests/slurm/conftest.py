@@ -5,7 +5,8 @@
   whole session, so pdlaunch's Slurm commands reach it. Stopped, and checked to leave no
   daemon or slurmstepd behind, at the end of the session. Missing Slurm/MUNGE FAILS the tests
   (with the install hint), as the sshd fixtures do.
-* ``fake_bins`` (session): the launch tests' stand-ins for `vllm serve` and vllm-router.
+* ``fake_bins`` (session, tests/conftest.py): the launch tests' stand-ins for `vllm serve`
+  and vllm-router.
 * ``state_dir`` (autouse): pdlaunch's state (the Slurm record) in the test's own tmp dir.
 """
 
@@ -17,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from tests.slurm.cluster import SlurmCluster, SlurmClusterError
-from tests.slurm.helpers import LAUNCH, install_fake
 
 
 @pytest.fixture(scope="session")
@@ -42,15 +42,6 @@ def slurm_cluster():
         root = cluster.root
         cluster.stop()  # raises if a daemon or slurmstepd of the cluster is left
         assert not root.exists(), f"{root} was not removed"
-
-
-@pytest.fixture(scope="session")
-def fake_bins(tmp_path_factory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("fake-bin")
-    return {
-        "vllm": install_fake(LAUNCH / "fake_vllm.py", d / "fake-vllm"),
-        "router": install_fake(LAUNCH / "fake_router.py", d / "fake-router"),
-    }
 
 
 @pytest.fixture(autouse=True)
