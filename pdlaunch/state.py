@@ -166,11 +166,18 @@ def remove_state(deployment: str) -> None:
         (deployment_dir(deployment) / STATE_FILE).unlink()
 
 
+# The Slurm backend's record (pdlaunch.backends.slurm_run takes the name from here, so this
+# module, below every backend, imports none of them).
+SLURM_RECORD_FILE = "slurm.json"
+
+
 def list_deployments() -> list[str]:
+    """Every deployment with a record here, whichever backend started it."""
     root = state_root()
     if not root.is_dir():
         return []
-    return sorted(p.name for p in root.iterdir() if (p / STATE_FILE).is_file())
+    records = (STATE_FILE, SLURM_RECORD_FILE)
+    return sorted(p.name for p in root.iterdir() if any((p / name).is_file() for name in records))
 
 
 class DeploymentLock:

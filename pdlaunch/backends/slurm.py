@@ -53,6 +53,11 @@ CPUS = "PDLAUNCH_CPU_BIND"
 _SBATCH_VALUE = re.compile(r"[A-Za-z0-9_.,:=@%+/\[\]-]+")
 _PLACEHOLDER = re.compile(r"\{pdlaunch:([A-Z][A-Z0-9_]*)\}")
 _PLACEHOLDER_MARK = "{pdlaunch:"
+# sbatch's --time forms (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) and --mem's
+# (a number, default unit MB, or K/M/G/T): checked here so a typo fails at render, not at
+# submit on the cluster.
+_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|UNLIMITED|INFINITE", re.IGNORECASE)
+_MEM = re.compile(r"\d+[KMGT]?", re.IGNORECASE)
 
 
 class SlurmError(ValueError):
@@ -110,6 +115,16 @@ class SlurmOptions:
                     f"extra sbatch option {opt!r}: give one --option[=value] without spaces "
                     "or quotes"
                 )
+        if self.time is not None and not _TIME.fullmatch(self.time):
+            raise SlurmError(
+                f"slurm time {self.time!r}: give minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
+                "D-HH:MM:SS or UNLIMITED (sbatch --time)"
+            )
+        if self.mem is not None and not _MEM.fullmatch(self.mem):
+            raise SlurmError(
+                f"slurm mem {self.mem!r}: give a size per node such as 64G, 500M or 0 (all of "
+                "the node's memory; sbatch --mem)"
+            )
         if self.nodelist is not None and not self.nodelist:
             raise SlurmError("slurm nodelist is empty: give at least one node, or none at all")
         for what, n in (
@@ -617,3 +632,60 @@ def sbatch_script(plan: Plan, opts: SlurmOptions) -> str:
 def render_job(plan: Plan, opts: SlurmOptions) -> list[RenderedFile]:
     """Every file the job needs: the process scripts and the driver (`DRIVER_NAME`)."""
     return [*process_scripts(plan), RenderedFile(DRIVER_NAME, sbatch_script(plan, opts), True)]
+
+
+def job_index(plan: Plan) -> RenderedFile:
+    """``index.md`` of `pdlaunch render --backend slurm`: where the job expects each file
+    (the driver runs every script from its plan path, not from the render directory), and
+    the commands that put them there and submit it."""
+    driver = f"{job_dir(plan)}/{DRIVER_NAME}"
+    dirs = {_dirname(driver_log(plan))}
+    for p in plan.processes:
+        dirs |= {p.work_dir, _dirname(p.log_path), _dirname(p.pid_path)}
+    rows = [f"| {p.name} | {p.role} | {p.name}.sh | `{p.script_path}` |" for p in plan.processes]
+    installs = [
+        f"install -m 0755 {shquote(p.name + '.sh')} {shquote(p.script_path)}"
+        for p in plan.processes
+    ]
+    secrets = [p for p in plan.processes if p.secret_env]
+    lines = [
+        f"# {plan.deployment}: Slurm job rendered by pdlaunch {__version__}",
+        "",
+        f"`{DRIVER_NAME}` is the sbatch script: one het component per node group, each process",
+        "started with `srun`, the router last, on the allocation's first node. It runs each",
+        "script from the path below, which every node must see at that path (a shared file",
+        "system); logs go next to them.",
+        "",
+        "| process | role | file here | path the job runs it from |",
+        "|---|---|---|---|",
+        *rows,
+        f"| (driver) | | {DRIVER_NAME} | `{driver}` |",
+        "",
+        "Submitting it yourself, from this directory:",
+        "",
+        "```bash",
+        "mkdir -p -m 0700 " + " ".join(shquote(d) for d in sorted(dirs)),
+        *installs,
+        f"install -m 0755 {DRIVER_NAME} {shquote(driver)}",
+        f"sbatch {shquote(driver)}",
+        "```",
+        "",
+    ]
+    if secrets:
+        lines += [
+            "Secrets are not rendered: before submitting, write each of these mode-0600 files",
+            "with `NAME='value'` lines for the variables named:",
+            "",
+            *[f"* `{p.secrets_path}`: {', '.join(p.secret_env)}" for p in secrets],
+            "",
+        ]
+    lines += [
+        "`pdlaunch up FILE --backend slurm` does all of this, waits for every process's",
+        "health, sends the PD canary, and records the job for `status`, `logs` and `down`.",
+        "",
+    ]
+    return RenderedFile("index.md", "\n".join(lines), False)
+
+
+def _dirname(path: str) -> str:
+    return path.rsplit("/", 1)[0] or "/"

@@ -27,9 +27,15 @@ from pdlaunch.fsutil import atomic_write
 from pdlaunch.launch.readiness import Outcome, wait_until
 from pdlaunch.plan import Plan, Process
 from pdlaunch.render import render_secrets
-from pdlaunch.state import STATE_FILE, DeploymentLock, StateError, deployment_dir
+from pdlaunch.state import (
+    SLURM_RECORD_FILE,
+    STATE_FILE,
+    DeploymentLock,
+    StateError,
+    deployment_dir,
+)
 
-RECORD_FILE = "slurm.json"
+RECORD_FILE = SLURM_RECORD_FILE
 FORMAT = 1
 # Job states in which the job still holds (or waits for) its nodes.
 ACTIVE = frozenset(
@@ -501,6 +507,8 @@ def run_canary(rec: SlurmRecord, urls: dict[str, str], timeout: float = 120.0):
 
 
 def tail(path: str, lines: int = 30) -> str:
+    if lines <= 0:
+        return ""  # [-0:] would be the whole file
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -596,7 +604,8 @@ class Status:
 
     @property
     def healthy(self) -> bool:
-        return self.job.running and all(p.health == "healthy" for p in self.processes)
+        # A headless DP rank serves no HTTP: running is all it can show (as for `up` over SSH).
+        return self.job.running and all(p.health in ("healthy", "headless") for p in self.processes)
 
 
 def _need_record(deployment: str) -> SlurmRecord:
