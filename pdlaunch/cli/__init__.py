@@ -3,6 +3,8 @@
 - :mod:`.app`: the typer app, exit codes, consoles and the bad-input helpers;
 - :mod:`.options`: the options several commands share, declared once;
 - :mod:`.reports`: tables more than one command prints;
+- :mod:`.targets`: which deployment a command means;
+- :mod:`.slurm`: the `--backend slurm` flags and what the commands do with them;
 - one module per command group, each registering its commands on the app when imported:
   :mod:`.spec` (validate, plan, render, schema), :mod:`.launch` (up, down, status, logs),
   :mod:`.check`, :mod:`.bench`, :mod:`.doctor`, :mod:`.export`.

@@ -1,6 +1,7 @@
 """Commands that start and supervise deployments: `up`, `down`, `status`, `logs`. Exit codes:
 0 done, 1 failed operation (or, for `status`, not every process alive and healthy), 2 unreadable
-input, 130 `up` interrupted."""
+input, 130 `up` interrupted. With `--backend slurm` (or, for a recorded deployment, a Slurm
+record) each hands over to :mod:`pdlaunch.cli.slurm`."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from rich.text import Text
 from pdlaunch import health, launch
 from pdlaunch import watch as watch_mod
 from pdlaunch.check.runner import CheckOptions, run_check
+from pdlaunch.cli import slurm as slurm_cli
 from pdlaunch.cli.app import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -43,6 +45,22 @@ from pdlaunch.cli.options import (
     connect_options,
 )
 from pdlaunch.cli.reports import print_report
+from pdlaunch.cli.slurm import (
+    AccountOpt,
+    BackendOpt,
+    CpusPerNodeOpt,
+    ExclusiveOpt,
+    GpusPerNodeOpt,
+    MemOpt,
+    NodelistOpt,
+    PartitionOpt,
+    QosOpt,
+    RecordedBackendOpt,
+    SbatchOpt,
+    SlurmFlags,
+    StartTimeoutOpt,
+    TimeOpt,
+)
 from pdlaunch.cli.targets import resolve_deployment
 from pdlaunch.hosts import HostError
 from pdlaunch.hosts.options import ConnectOptions
@@ -198,9 +216,43 @@ def up_cmd(
         bool, typer.Option("--skip-check", help="Do not run the fast preflight check first")
     ] = False,
     as_json: JsonOpt = False,
+    backend: BackendOpt = None,
+    partition: PartitionOpt = None,
+    nodelist: NodelistOpt = None,
+    account: AccountOpt = None,
+    qos: QosOpt = None,
+    time_limit: TimeOpt = None,
+    exclusive: ExclusiveOpt = False,
+    mem: MemOpt = None,
+    sbatch_opt: SbatchOpt = None,
+    start_timeout: StartTimeoutOpt = None,
+    gpus_per_node: GpusPerNodeOpt = None,
+    cpus_per_node: CpusPerNodeOpt = None,
 ) -> None:
-    """Start the deployment on every host, wait for health, check one request, record it."""
+    """Start the deployment on every host, wait for health, check one request, record it.
+
+    With --backend slurm: run the Slurm placement rules too, submit one batch job, wait for
+    its processes' health, check one request, record the job."""
+    flags = SlurmFlags(
+        partition=partition,
+        nodelist=nodelist,
+        account=account,
+        qos=qos,
+        time=time_limit,
+        exclusive=exclusive,
+        mem=mem,
+        sbatch_opt=tuple(sbatch_opt or ()),
+        start_timeout=start_timeout,
+        gpus_per_node=gpus_per_node,
+        cpus_per_node=cpus_per_node,
+    )
+    if slurm_cli.chosen(backend, flags):
+        if replace:
+            bad_input("--replace does not apply to --backend slurm: `pdlaunch down` first")
+        slurm_cli.up(topology, flags, timeout=timeout, canary=canary, as_json=as_json)
+        return
     plan = plan_or_exit(topology, as_json)
+    slurm_cli.refuse_ssh_up(plan.deployment)
     connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
     opts = launch.UpOptions(
         timeout=timeout,
@@ -274,12 +326,17 @@ def down_cmd(
     ssh_config: SshConfigOpt = None,
     grace: DownGraceOpt = 10.0,
     as_json: JsonOpt = False,
+    backend: RecordedBackendOpt = None,
 ) -> None:
     """Stop a deployment: router first, then decode, then prefill. Safe to repeat.
 
     Given the topology file and nothing recorded here, finds the processes on their hosts by
-    their pid files (each confirmed by the log it writes) and stops those."""
+    their pid files (each confirmed by the log it writes) and stops those. A Slurm job is
+    cancelled, and found gone with every process of it."""
     deployment = resolve_deployment(target, as_json)
+    if slurm_cli.recorded_backend(deployment, backend) is slurm_cli.Backend.slurm:
+        slurm_cli.down(deployment, as_json)
+        return
     connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
     plan = None
     try:
@@ -349,10 +406,16 @@ def status_cmd(
     count: Annotated[
         int | None, typer.Option("--count", min=1, help="Stop --watch after N refreshes")
     ] = None,
+    backend: RecordedBackendOpt = None,
 ) -> None:
-    """Show every recorded process: host, pid, alive, health, uptime. Exit 1 unless all are
-    alive and healthy (with --watch: unless every refresh found the deployment disaggregated)."""
+    """Show every recorded process: host, pid, alive, health, uptime (a Slurm job: its state
+    from squeue/sacct, each process's node and health). Exit 1 unless all are alive and
+    healthy (with --watch: unless every refresh found the deployment disaggregated)."""
     deployment = resolve_deployment(target, as_json)
+    if slurm_cli.recorded_backend(deployment, backend) is slurm_cli.Backend.slurm:
+        if watch:
+            bad_input("--watch is not available for a Slurm deployment yet")
+        slurm_cli.status(deployment, as_json)
     connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
     if watch:
         _watch(deployment, interval, count, as_json)
@@ -422,14 +485,19 @@ def logs_cmd(
     accept_new_host_keys: AcceptKeysOpt = False,
     known_hosts: KnownHostsOpt = None,
     ssh_config: SshConfigOpt = None,
+    backend: RecordedBackendOpt = None,
 ) -> None:
-    """Print (or follow) the log of one process."""
+    """Print (or follow) the log of one process (of a Slurm job also `driver`, the batch
+    script's own)."""
     if len(args) == 1:
         deployment, name = resolve_deployment(None), args[0]
     elif len(args) == 2:
         deployment, name = resolve_deployment(args[0]), args[1]
     else:
         bad_input("usage: pdlaunch logs [TOPOLOGY|DEPLOYMENT] PROCESS")
+    if slurm_cli.recorded_backend(deployment, backend) is slurm_cli.Backend.slurm:
+        slurm_cli.logs(deployment, name, lines, follow)
+        return
     connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
     try:
         for line in launch.logs(

@@ -1,5 +1,6 @@
 """Commands that only read the topology: `validate`, `plan`, `render`, `schema`. Exit codes:
-0 valid, 1 rule findings, 2 unreadable input."""
+0 valid, 1 rule findings, 2 unreadable input. `validate` and `render` with `--backend slurm`
+hand over to :mod:`pdlaunch.cli.slurm` (the Slurm placement rules too; the sbatch job)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from pdlaunch.cli import slurm as slurm_cli
 from pdlaunch.cli.app import (
     app,
     bad_input,
@@ -20,6 +22,21 @@ from pdlaunch.cli.app import (
     print_json,
 )
 from pdlaunch.cli.options import JsonOpt, TopologyArg
+from pdlaunch.cli.slurm import (
+    AccountOpt,
+    BackendOpt,
+    CpusPerNodeOpt,
+    ExclusiveOpt,
+    GpusPerNodeOpt,
+    MemOpt,
+    NodelistOpt,
+    PartitionOpt,
+    QosOpt,
+    SbatchOpt,
+    SlurmFlags,
+    StartTimeoutOpt,
+    TimeOpt,
+)
 from pdlaunch.plan import Process
 from pdlaunch.render import render_plan, write_files
 from pdlaunch.topology import Topology
@@ -56,8 +73,40 @@ def port_lines(process: Process) -> list[str]:
 
 
 @app.command("validate")
-def validate_cmd(topology: TopologyArg, as_json: JsonOpt = False) -> None:
-    """Check a topology against every rule; nothing is started."""
+def validate_cmd(
+    topology: TopologyArg,
+    as_json: JsonOpt = False,
+    backend: BackendOpt = None,
+    partition: PartitionOpt = None,
+    nodelist: NodelistOpt = None,
+    account: AccountOpt = None,
+    qos: QosOpt = None,
+    time_limit: TimeOpt = None,
+    exclusive: ExclusiveOpt = False,
+    mem: MemOpt = None,
+    sbatch_opt: SbatchOpt = None,
+    start_timeout: StartTimeoutOpt = None,
+    gpus_per_node: GpusPerNodeOpt = None,
+    cpus_per_node: CpusPerNodeOpt = None,
+) -> None:
+    """Check a topology against every rule (with --backend slurm, the Slurm placement rules
+    too); nothing is started."""
+    flags = SlurmFlags(
+        partition=partition,
+        nodelist=nodelist,
+        account=account,
+        qos=qos,
+        time=time_limit,
+        exclusive=exclusive,
+        mem=mem,
+        sbatch_opt=tuple(sbatch_opt or ()),
+        start_timeout=start_timeout,
+        gpus_per_node=gpus_per_node,
+        cpus_per_node=cpus_per_node,
+    )
+    if slurm_cli.chosen(backend, flags):
+        slurm_cli.validate_cmd(topology, flags, as_json)
+        return
     topo, findings = load_valid(topology, as_json)
     if as_json:
         print_json({"valid": True, "findings": [finding_dict(f) for f in findings]})
@@ -98,8 +147,37 @@ def render_cmd(
     topology: TopologyArg,
     output: Annotated[Path, typer.Option("-o", "--output", help="Directory for the scripts")],
     as_json: JsonOpt = False,
+    backend: BackendOpt = None,
+    partition: PartitionOpt = None,
+    nodelist: NodelistOpt = None,
+    account: AccountOpt = None,
+    qos: QosOpt = None,
+    time_limit: TimeOpt = None,
+    exclusive: ExclusiveOpt = False,
+    mem: MemOpt = None,
+    sbatch_opt: SbatchOpt = None,
+    start_timeout: StartTimeoutOpt = None,
+    gpus_per_node: GpusPerNodeOpt = None,
+    cpus_per_node: CpusPerNodeOpt = None,
 ) -> None:
-    """Write one runnable script per process, plus index.md and plan.json."""
+    """Write one runnable script per process, plus index.md and plan.json (with --backend
+    slurm: the sbatch script slurm-job.sh too, and an index.md that says how to submit it)."""
+    flags = SlurmFlags(
+        partition=partition,
+        nodelist=nodelist,
+        account=account,
+        qos=qos,
+        time=time_limit,
+        exclusive=exclusive,
+        mem=mem,
+        sbatch_opt=tuple(sbatch_opt or ()),
+        start_timeout=start_timeout,
+        gpus_per_node=gpus_per_node,
+        cpus_per_node=cpus_per_node,
+    )
+    if slurm_cli.chosen(backend, flags):
+        slurm_cli.render_cmd(topology, output, flags, as_json)
+        return
     plan = plan_or_exit(topology, as_json)
     if output.exists() and not output.is_dir():
         bad_input(f"{output}: exists and is not a directory")

@@ -163,6 +163,7 @@ LAYERS = {
     "options": 0,
     "reports": 1,
     "targets": 1,
+    "slurm": 1,
     "spec": 2,
     "launch": 2,
     "check": 2,
