@@ -109,16 +109,23 @@ def load_valid(path: Path, as_json: bool = False) -> tuple[Topology, list[Findin
     topo, source = load_or_exit(path, as_json)
     findings = validate(topo, source)
     if has_errors(findings):
-        if as_json:
-            print_json({"valid": False, "findings": [finding_dict(f) for f in findings]})
-        else:
-            print_findings(findings)
-            n = sum(f.severity == "error" for f in findings)
-            err.print(f"[bold red]{path}: {n} error(s); nothing was started or written.[/]")
-        raise typer.Exit(EXIT_FINDINGS)
+        refuse(path, findings, as_json)
     if findings and not as_json:
         print_findings(findings)
     return topo, findings
+
+
+def refuse(path: Path, findings: list[Finding], as_json: bool, backend: str = "") -> NoReturn:
+    """Print the findings (or their JSON) and exit 1: ``backend`` names the target whose own
+    rules refused, e.g. "Slurm"."""
+    if as_json:
+        print_json({"valid": False, "findings": [finding_dict(f) for f in findings]})
+    else:
+        print_findings(findings)
+        n = sum(f.severity == "error" for f in findings)
+        what = f" for {backend}; nothing was submitted" if backend else "; nothing was started"
+        err.print(f"[bold red]{escape(str(path))}: {n} error(s){what} or written.[/]")
+    raise typer.Exit(EXIT_FINDINGS)
 
 
 def plan_or_exit(path: Path, as_json: bool = False) -> Plan:

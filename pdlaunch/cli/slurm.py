@@ -43,6 +43,7 @@ from pdlaunch.cli.app import (
     print_error,
     print_findings,
     print_json,
+    refuse,
 )
 from pdlaunch.plan import Plan, build_plan
 from pdlaunch.render import RenderedFile, plan_json, write_files
@@ -284,12 +285,12 @@ def validated(
     topo, source = load_or_exit(path, as_json)
     findings = validate(topo, source)
     if has_errors(findings):
-        _refuse(path, findings, as_json)
+        refuse(path, findings, as_json, "Slurm")
     plan = build_plan(topo)
     findings += slurm_rules.validate(topo, plan, opts, source)
     findings.sort(key=lambda f: f.severity != "error")  # errors first, each in rule order
     if has_errors(findings):
-        _refuse(path, findings, as_json)
+        refuse(path, findings, as_json, "Slurm")
     try:
         files = slurm.render_job(plan, opts)
     except SlurmError as exc:
@@ -301,19 +302,6 @@ def validated(
     if findings and not as_json:
         print_findings(findings)
     return plan, findings, files
-
-
-def _refuse(path: Path, findings: list[Finding], as_json: bool) -> NoReturn:
-    if as_json:
-        print_json({"valid": False, "findings": [finding_dict(f) for f in findings]})
-    else:
-        print_findings(findings)
-        n = sum(f.severity == "error" for f in findings)
-        err.print(
-            f"[bold red]{escape(str(path))}: {n} error(s) for Slurm; nothing was submitted "
-            "or written.[/]"
-        )
-    raise typer.Exit(EXIT_FINDINGS)
 
 
 def validate_cmd(path: Path, flags: SlurmFlags, as_json: bool) -> None:
