@@ -2,11 +2,13 @@
 
     host = open_host("gpu-node-1", ssh=SshSettings(user="ubuntu", key_file="~/.ssh/id_ed25519"))
     host.put(script_text, "~/pdlaunch/run-prefill.sh", mode=0o755)
-    pid = host.start_detached("~/pdlaunch/run-prefill.sh", pid_file="~/pdlaunch/prefill.pid",
-                              log_file="~/pdlaunch/prefill.log")
-    t0 = host.process_start_time(pid)         # store with the pid: guards against pid reuse
-    host.is_alive(pid, t0); host.read_log("~/pdlaunch/prefill.log", 50)
-    host.stop(pid, grace=10, start_time=t0)   # TERM the group, wait, KILL
+    host.put_files([Upload(a, "~/pdlaunch/a.sh", 0o755), Upload(b, "~/pdlaunch/b.env", 0o600)],
+                   private_dirs=["~/pdlaunch"])  # many files, one round trip
+    s = host.start_tracked("~/pdlaunch/run-prefill.sh", pid_file="~/pdlaunch/prefill.pid",
+                           log_file="~/pdlaunch/prefill.log")
+    s.pid, s.start_time                       # store both: the time guards against pid reuse
+    host.is_alive(s.pid, s.start_time); host.read_log("~/pdlaunch/prefill.log", 50)
+    host.stop(s.pid, grace=10, start_time=s.start_time)   # TERM the group, wait, KILL
     host.close()
 
 All failures a user can cause (unreachable host, auth, host keys, failed command with
@@ -31,6 +33,9 @@ from .base import (
     HostError,
     HostKeyError,
     LogFollower,
+    Started,
+    UnsafePathError,
+    Upload,
     sh_quote_path,
 )
 from .local import LocalHost
@@ -55,6 +60,9 @@ __all__ = [
     "LogFollower",
     "SshHost",
     "SshSettings",
+    "Started",
+    "UnsafePathError",
+    "Upload",
     "fingerprint",
     "is_local_address",
     "open_host",

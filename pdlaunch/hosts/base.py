@@ -41,6 +41,25 @@ class CommandResult:
         return self.rc == 0
 
 
+@dataclass(frozen=True)
+class Upload:
+    """One file for :meth:`Host.put_files`: its content (see :data:`Content`), where it goes
+    on the host (``~/`` expands) and its mode."""
+
+    source: Content
+    path: str
+    mode: int = 0o644
+
+
+@dataclass(frozen=True)
+class Started:
+    """What :meth:`Host.start_tracked` started: the pid and its start time (``/proc/PID/stat``
+    field 22), ``None`` when the process had already ended by the time it was read."""
+
+    pid: int
+    start_time: int | None
+
+
 class HostError(Exception):
     """A user-facing failure on a host; ``str(err)`` is the whole message (no traceback needed).
 
@@ -147,10 +166,13 @@ setsid -f sh -c 'set -C; echo $$ > "$1.tmp" && mv -f -- "$1.tmp" "$1" && exec sh
     pdlaunch-detached "$pidf" {command} </dev/null >>"$logf" 2>&1 || exit 97
 i=0
 while [ ! -s "$pidf" ]; do
-    i=$((i+1)); [ $i -gt 200 ] && {{ echo "pid file $pidf was not written" >&2; exit 97; }}
-    sleep 0.05
+    i=$((i+1)); [ $i -gt 1000 ] && {{ echo "pid file $pidf was not written" >&2; exit 97; }}
+    sleep 0.01
 done
-cat -- "$pidf"
+read -r pid < "$pidf" || exit 97
+# its start time in the same round trip: recorded with the pid, it tells a reused pid apart
+s=$(_stat "$pid") && set -- $s || set -- X
+case $1 in Z|X|x) echo "$pid";; *) echo "$pid ${{20}}";; esac
 """
 
 _STOP_SCRIPT = r"""
@@ -241,6 +263,25 @@ _private_dir() {  # $1=dir; creates it (0700) when missing
 """
 
 
+# Writes the next SIZE bytes of stdin to PATH atomically (temp file in the same dir, 0600 until
+# chmod, then rename). `head -c` reads no byte past SIZE (coreutils, busybox), so the files of
+# one upload follow each other on one stdin; a short read (the upload was cut) is refused.
+_PUT_FUNC = r"""
+_put() {  # $1=path $2=mode (octal) $3=size
+    _p=$1; _d=$(dirname -- "$_p")
+    mkdir -p -- "$_d" || return 1
+    if [ -d "$_p" ]; then echo "$_p is a directory" >&2; return 1; fi
+    _t=$(umask 077 && mktemp "$_d/.pdlaunch-put.XXXXXX") || return 1
+    if head -c "$3" > "$_t" && [ "$(wc -c < "$_t")" -eq "$3" ] && chmod "$2" "$_t" \
+        && mv -f -- "$_t" "$_p"; then return 0; fi
+    rm -f -- "$_t"; return 1
+}
+_keep() {  # $1=path: renamed to PATH.prev if it exists (a log starts afresh; the old one stays)
+    if [ -f "$1" ]; then mv -f -- "$1" "$1.prev" || return 1; fi; return 0
+}
+"""
+
+
 class Stream(Protocol):
     """Incremental stdout of one running command (see ``Host._open_stream``)."""
 
@@ -324,29 +365,54 @@ class Host(ABC):
         ``mode=0o600`` is never readable by others, whatever the umask. ``timeout`` bounds the
         whole upload (a host that accepted the login and then hangs must not hang us).
         """
-        data = _content_bytes(source)
-        q = sh_quote_path(remote_path)
-        script = f"""
-p={q}; d=$(dirname -- "$p")
-mkdir -p -- "$d" || exit 1
-if [ -d "$p" ]; then echo "$p is a directory" >&2; exit 1; fi
-t=$(umask 077 && mktemp "$d/.pdlaunch-put.XXXXXX") || exit 1
-if cat > "$t" && chmod {mode:o} "$t" && mv -f -- "$t" "$p"; then exit 0; fi
-rm -f -- "$t"; exit 1
-"""
+        self.put_files([Upload(source, remote_path, mode)], timeout=timeout)
+
+    def put_files(
+        self,
+        files: Sequence[Upload],
+        *,
+        private_dirs: Sequence[str] = (),
+        keep_previous: Sequence[str] = (),
+        timeout: float = 300.0,
+    ) -> None:
+        """:meth:`put` for several files in ONE command (one round trip, whatever the count),
+        each written atomically with its own mode. First, in the same command,
+        ``private_dirs`` are made and checked as :meth:`private_dirs` does (UnsafePathError,
+        nothing written), then each of ``keep_previous`` that exists is renamed to
+        ``PATH.prev``. ``timeout`` bounds the whole command."""
+        data = [_content_bytes(f.source) for f in files]
+        lines = [_PRIVATE_DIR_FUNC, _PUT_FUNC]
+        lines += [f"_private_dir {sh_quote_path(d)} || exit 3" for d in private_dirs]
+        lines += [
+            f"_keep {sh_quote_path(p)} || {{ echo {shlex.quote(p)} >&2; exit 4; }}"
+            for p in keep_previous
+        ]
+        lines += [
+            f"_put {sh_quote_path(f.path)} {f.mode:o} {len(d)} || {{ echo 'failed {i}'; exit 5; }}"
+            for i, (f, d) in enumerate(zip(files, data, strict=True))
+        ]
+        what = files[0].path if len(files) == 1 else f"{len(files)} files"
         try:
-            res = self._exec(script, stdin=data, timeout=timeout)
+            res = self._exec("\n".join(lines), stdin=b"".join(data), timeout=timeout)
         except CommandTimeout:
             raise CommandTimeout(
-                f"{self.name}: writing {remote_path} did not finish within {timeout:g}s "
+                f"{self.name}: writing {what} did not finish within {timeout:g}s "
                 "(the host accepted the login but does not complete commands)",
                 host=self.name,
             ) from None
-        if res.rc != 0:
-            raise HostError(
-                f"{self.name}: cannot write {remote_path}: {res.stderr.strip() or 'failed'}",
-                host=self.name,
+        if res.rc == 0:
+            return
+        why = res.stderr.strip()
+        if res.rc == 3:
+            raise UnsafePathError(
+                f"{self.name}: unsafe work directory: {why or f'rc={res.rc}'}", host=self.name
             )
+        if res.rc == 4:
+            raise HostError(f"{self.name}: cannot rename {why} to .prev", host=self.name)
+        failed = res.stdout.split()
+        if res.rc == 5 and len(failed) == 2 and failed[1].isdigit():
+            what = files[int(failed[1])].path
+        raise HostError(f"{self.name}: cannot write {what}: {why or 'failed'}", host=self.name)
 
     # detached processes ------------------------------------------------------------------------
     def start_detached(
@@ -366,27 +432,42 @@ rm -f -- "$t"; exit 1
         ``pid_file`` (atomically, before the command starts). Relative paths are relative to the
         login directory (home); ``~/`` is expanded. Returns the pid.
         """
+        return self.start_tracked(
+            command, pid_file=pid_file, log_file=log_file, cwd=cwd, timeout=timeout
+        ).pid
+
+    def start_tracked(
+        self,
+        command: str | Sequence[str],
+        *,
+        pid_file: str,
+        log_file: str,
+        cwd: str | None = None,
+        timeout: float = 60.0,
+    ) -> Started:
+        """:meth:`start_detached`, returning the start time too, read by the same command (no
+        second round trip for :meth:`process_start_time`)."""
         cmd = command if isinstance(command, str) else shlex.join(command)
         cd = ""
         if cwd is not None:
             cd = f"cd -- {sh_quote_path(cwd)} || exit 97"
-        script = _START_SCRIPT.format(
+        script = _SH_FUNCS + _START_SCRIPT.format(
             pid_file=sh_quote_path(pid_file),
             log_file=sh_quote_path(log_file),
             cd=cd,
             command=shlex.quote(cmd),
         )
         res = self._exec_start(script, timeout=timeout)
-        out = res.stdout.strip()
-        if res.rc != 0 or not out.isdigit():
+        out = res.stdout.split()
+        if res.rc != 0 or not 1 <= len(out) <= 2 or not all(x.isdigit() for x in out):
             raise HostError(
                 f"{self.name}: cannot start {_short(cmd)}: "
-                f"{res.stderr.strip() or out or f'rc={res.rc}'}",
+                f"{res.stderr.strip() or res.stdout.strip() or f'rc={res.rc}'}",
                 host=self.name,
             )
-        pid = int(out)
+        pid = int(out[0])
         log.debug("%s: started pid %d: %s", self.name, pid, cmd[:200])
-        return pid
+        return Started(pid, int(out[1]) if len(out) == 2 else None)
 
     def _exec_start(self, script: str, timeout: float) -> CommandResult:
         """Run the start script. The environment the started process inherits is the login's

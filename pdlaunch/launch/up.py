@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from pdlaunch import health
-from pdlaunch.hosts import CommandTimeout, HostError, HostPool, parallel, sh_quote_path
+from pdlaunch.hosts import CommandTimeout, HostError, HostPool, Upload, parallel
 from pdlaunch.hosts.base import exec_owned_script
 from pdlaunch.hosts.pool import MAX_WORKERS, HostKey, Opener
 from pdlaunch.plan import Plan, Process
@@ -151,8 +151,9 @@ class _Run:
 
     # steps ----------------------------------------------------------------------------------
     def prepare(self, files: dict[str, RenderedFile]) -> None:
-        """Per host in parallel: private work dirs (0700, owner checked), then the scripts
-        (0755) and secret env files (0600) of the processes to start."""
+        """Per host in parallel, in one command each: private work dirs (0700, owner
+        checked), the previous logs kept as .prev, then the scripts (0755) and secret env
+        files (0600) of the processes to start."""
         by_host: dict[HostKey, list[Process]] = {}
         for p in self.plan.processes:
             by_host.setdefault(proc_key(p), []).append(p)
@@ -162,26 +163,18 @@ class _Run:
             dirs = sorted(
                 {d for p in procs for d in (p.work_dir, _dirname(p.log_path), _dirname(p.pid_path))}
             )
-            host.private_dirs(dirs, timeout=self.command_timeout())
             fresh = [p for p in procs if p.name not in self.adopted]
-            rotate = "; ".join(
-                f"if [ -f {sh_quote_path(p.log_path)} ]; then mv -f -- "
-                f"{sh_quote_path(p.log_path)} {sh_quote_path(p.log_path + '.prev')}; fi"
-                for p in fresh
-            )
-            if rotate:
-                host.run(rotate, timeout=self.command_timeout(), check=True)
+            uploads = []
             for p in fresh:
-                host.put(
-                    files[f"{p.name}.sh"].content,
-                    p.script_path,
-                    mode=0o755,
-                    timeout=self.command_timeout(),
-                )
+                uploads.append(Upload(files[f"{p.name}.sh"].content, p.script_path, 0o755))
                 if p.secret_env:
-                    host.put(
-                        secrets_file(p), p.secrets_path, mode=0o600, timeout=self.command_timeout()
-                    )
+                    uploads.append(Upload(secrets_file(p), p.secrets_path, 0o600))
+            host.put_files(
+                uploads,
+                private_dirs=dirs,
+                keep_previous=[p.log_path for p in fresh],
+                timeout=self.command_timeout(),
+            )
 
         parallel(one, by_host.values())
 
@@ -191,16 +184,14 @@ class _Run:
         def one(p: Process) -> None:
             host = proc_host(self.pool, p)
             self.set(p.name, "starting", "launching")
-            pid = host.start_detached(
+            started = host.start_tracked(
                 exec_owned_script(p.script_path),  # the pid is the engine's own
                 pid_file=p.pid_path,
                 log_file=p.log_path,
                 cwd=p.work_dir,
                 timeout=self.command_timeout(),
             )
-            start_time = None
-            with contextlib.suppress(HostError):
-                start_time = host.process_start_time(pid)
+            pid, start_time = started.pid, started.start_time
             ps = self.state.process(p.name)
             assert ps is not None
             with self.lock:

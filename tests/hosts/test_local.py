@@ -22,6 +22,8 @@ from pdlaunch.hosts import (
     HostError,
     LocalHost,
     SshHost,
+    UnsafePathError,
+    Upload,
     is_local_address,
     open_host,
 )
@@ -191,6 +193,68 @@ def test_put_onto_directory_fails(case, tmp_path):
         case.host.put("x", str(tmp_path))
 
 
+def _count_execs(host: Host) -> list[str]:
+    """Every command the host runs from now on (its one primitive, wrapped on the instance)."""
+    seen: list[str] = []
+    real = host._exec
+
+    def counted(command, **kw):
+        seen.append(command)
+        return real(command, **kw)
+
+    host._exec = counted  # type: ignore[method-assign]
+    return seen
+
+
+def test_put_files_writes_every_file_in_one_command(case, tmp_path):
+    d = tmp_path / "w"
+    run = d / "run"
+    (d / "logs").mkdir(parents=True)
+    (d / "logs" / "p.log").write_text("last run\n")
+    blob = bytes(range(256)) * 300  # binary, > one read of head -c
+    files = [
+        Upload("#!/bin/sh\necho one\n", str(d / "one.sh"), 0o755),
+        Upload(blob, str(run / "blob"), 0o644),
+        Upload(b"", str(run / "empty"), 0o600),
+        Upload("TOKEN=s3cr3t\n", str(run / "one.secrets.env"), 0o600),
+    ]
+    execs = _count_execs(case.host)
+    try:
+        case.host.put_files(
+            files, private_dirs=[str(d), str(run)], keep_previous=[str(d / "logs" / "p.log")]
+        )
+    finally:
+        del case.host._exec
+    assert len(execs) == 1
+    assert (d / "one.sh").read_text() == "#!/bin/sh\necho one\n"
+    assert (run / "blob").read_bytes() == blob
+    assert (run / "empty").read_bytes() == b""
+    assert (run / "one.secrets.env").read_text() == "TOKEN=s3cr3t\n"
+    modes = {f: stat.S_IMODE((Path(f.path)).stat().st_mode) for f in files}
+    assert modes == {f: f.mode for f in files}
+    assert stat.S_IMODE(run.stat().st_mode) == 0o700  # made private
+    assert (d / "logs" / "p.log.prev").read_text() == "last run\n"
+    assert not (d / "logs" / "p.log").exists()
+    assert sorted(p.name for p in run.iterdir()) == ["blob", "empty", "one.secrets.env"]
+
+
+def test_put_files_refuses_an_unsafe_dir_before_writing(case, tmp_path):
+    d = tmp_path / "open"
+    d.mkdir()
+    d.chmod(0o777)
+    with pytest.raises(UnsafePathError, match="writable by others"):
+        case.host.put_files([Upload("x", str(d / "f"))], private_dirs=[str(d)])
+    assert list(d.iterdir()) == []
+
+
+def test_put_files_names_the_file_it_could_not_write(case, tmp_path):
+    (tmp_path / "dir").mkdir()
+    files = [Upload("a", str(tmp_path / "a")), Upload("b", str(tmp_path / "dir"))]
+    with pytest.raises(HostError, match=f"cannot write {tmp_path / 'dir'}: .*is a directory"):
+        case.host.put_files(files)
+    assert (tmp_path / "a").read_text() == "a"  # written before the failing one
+
+
 # -- start_detached / stop / is_alive -----------------------------------------------------------
 def test_start_detached_runs_in_own_session_with_closed_stdin(case, tmp_path):
     pid_file, log_file = tmp_path / "run" / "p.pid", tmp_path / "logs" / "p.log"
@@ -251,6 +315,34 @@ def test_start_detached_failures_are_host_errors(case, tmp_path):
             log_file=str(tmp_path / "l"),
             cwd=str(tmp_path / "missing"),
         )
+
+
+def test_start_tracked_returns_the_start_time_in_one_command(case, tmp_path):
+    execs = _count_execs(case.host)
+    try:
+        started = case.host.start_tracked(
+            "exec sleep 300", pid_file=str(tmp_path / "p"), log_file=str(tmp_path / "l")
+        )
+    finally:
+        del case.host._exec
+    try:
+        assert len(execs) == 1
+        assert int((tmp_path / "p").read_text()) == started.pid
+        stat_fields = Path(f"/proc/{started.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        assert started.start_time == int(stat_fields[19])  # field 22: starttime
+        assert started.start_time == case.host.process_start_time(started.pid)
+    finally:
+        assert case.host.stop(started.pid, grace=1, start_time=started.start_time) is True
+
+
+def test_start_tracked_of_a_process_that_ended_at_once_has_no_start_time(case, tmp_path):
+    started = case.host.start_tracked(
+        "exit 0", pid_file=str(tmp_path / "p"), log_file=str(tmp_path / "l")
+    )
+    assert started.pid > 1
+    # it may still have run when its start time was read: then it was that process's own
+    assert started.start_time is None or isinstance(started.start_time, int)
+    assert wait_for(lambda: not case.host.is_alive(started.pid))
 
 
 def test_detached_process_outlives_host_connection(case, tmp_path):

@@ -1,15 +1,15 @@
 """A scripted world of hosts for unit tests of launch's decisions (issue 11).
 
 ``FakeHost`` overrides the high-level :class:`~pdlaunch.hosts.Host` methods launch calls
-(``run``, ``put``, ``private_dirs``, ``start_detached``, ``find_started``, ``stop``,
-``is_alive``, ``process_start_time``, ``read_log``) and acts on a :class:`FakeWorld`: processes
+(``run``, ``put_files``, ``start_tracked``, ``find_started``, ``stop``, ``is_alive``,
+``read_log``) and acts on a :class:`FakeWorld`: processes
 with a pid, a start time, an alive flag, the host they run on, the pid file naming them and the
 log file they hold open. The shell scripts behind those methods are covered by the sshd and
 local suites; here only what launch *decides* is under test, so every call is recorded in
 order (``world.calls``) and any of them can be made to fail or hang.
 
     world = FakeWorld()
-    world.fail("10.0.0.2", "start_detached", name="decode-0")
+    world.fail("10.0.0.2", "start_tracked", name="decode-0")
     up(plan, opts, opener=world.opener)
 """
 
@@ -26,10 +26,11 @@ from pdlaunch import health
 from pdlaunch.hosts import (
     CommandResult,
     CommandTimeout,
-    Content,
     Host,
     HostConnectionError,
     HostError,
+    Started,
+    Upload,
 )
 from pdlaunch.plan import Plan
 
@@ -93,7 +94,7 @@ class FakeWorld:
         times: int | None = None,
     ) -> None:
         """Make ``method`` on ``host`` (None: any host) raise ``error``; ``name``: only for
-        that process (start/stop/is_alive by the process, put by the file's stem); ``times``:
+        that process (start/stop/is_alive by the process); ``times``:
         only the next N matching calls. ``method="open"`` fails the connection (the opener
         raises; default error: connection refused)."""
         if error is None:
@@ -125,7 +126,7 @@ class FakeWorld:
         self, host: str, pid_file: str, log_file: str, *, healthy: bool = True
     ) -> FakeProcess:
         """A process started outside this test's `up` (an earlier run, another control host):
-        writes its pid file, as start_detached's script does."""
+        writes its pid file, as start_tracked's script does."""
         with self._lock:
             proc = FakeProcess(
                 pid=self.next_pid,
@@ -173,8 +174,8 @@ class FakeWorld:
             return [(h, s) for h, m, s in self.calls if m == method]
 
     def started(self) -> list[str]:
-        """Names of the processes start_detached was asked to start, in order."""
-        return [s for _, s in self.calls_to("start_detached")]
+        """Names of the processes start_tracked was asked to start, in order."""
+        return [s for _, s in self.calls_to("start_tracked")]
 
     def stopped(self) -> list[str]:
         """Names (``name#pid``) of the processes stop was asked to stop, in order."""
@@ -246,8 +247,8 @@ class FakeHost(Host):
         raise AssertionError(f"FakeHost runs no scripts: {command[:80]!r}")
 
     def run(self, command: str, timeout: float | None = None, check: bool = False) -> CommandResult:
-        """Understands the two commands launch sends: ``rm -f -- PATHS`` and the log rotation
-        ``mv -f -- A B`` (a process holding A keeps writing to it under B)."""
+        """Understands the one-liners launch sends: ``rm -f -- PATHS`` and ``mv -f -- A B``
+        (a process holding A keeps writing to it under B)."""
         w = self.world
         w._call(self.name, "run", " ".join(command.split())[:120])
         with w._lock:
@@ -264,18 +265,30 @@ class FakeHost(Host):
                         w.logs[(self.name, dst)] = w.logs.pop((self.name, src))
         return CommandResult(0, "", "")
 
-    def put(
-        self, source: Content, remote_path: str, mode: int = 0o644, *, timeout: float = 300.0
+    def put_files(
+        self,
+        files: Sequence[Upload],
+        *,
+        private_dirs: Sequence[str] = (),
+        keep_previous: Sequence[str] = (),
+        timeout: float = 300.0,
     ) -> None:
-        self.world._call(self.name, "put", remote_path, name=_stem(remote_path))
-        data = source if isinstance(source, bytes) else str(source).encode()
-        with self.world._lock:
-            self.world.files[(self.name, remote_path)] = (data, mode)
+        """One call, like the one command of the real one; a log kept as .prev is followed by
+        the process holding it (as an open fd would be)."""
+        w = self.world
+        w._call(self.name, "put_files", " ".join(f.path for f in files))
+        with w._lock:
+            for path in keep_previous:
+                for proc in w.processes:
+                    if proc.host == self.name and proc.log_file == path:
+                        proc.log_file = path + ".prev"
+                if (self.name, path) in w.logs:
+                    w.logs[(self.name, path + ".prev")] = w.logs.pop((self.name, path))
+            for f in files:
+                data = f.source if isinstance(f.source, bytes) else str(f.source).encode()
+                w.files[(self.name, f.path)] = (data, f.mode)
 
-    def private_dirs(self, dirs: Sequence[str], timeout: float = 60.0) -> None:
-        self.world._call(self.name, "private_dirs", " ".join(dirs))
-
-    def start_detached(
+    def start_tracked(
         self,
         command: str | Sequence[str],
         *,
@@ -283,14 +296,14 @@ class FakeHost(Host):
         log_file: str,
         cwd: str | None = None,
         timeout: float = 60.0,
-    ) -> int:
+    ) -> Started:
         w = self.world
         name = _stem(pid_file)
-        w._call(self.name, "start_detached", name, name=name)
+        w._call(self.name, "start_tracked", name, name=name)
         proc = w.spawn(self.name, pid_file, log_file, healthy=w.auto_healthy)
         if name in w.dies_at_start:
             proc.alive = False
-        return proc.pid
+        return Started(proc.pid, proc.start_time if proc.alive else None)
 
     def find_started(
         self, entries: Sequence[tuple[str, str, int | None]], timeout: float = 60.0
@@ -335,14 +348,6 @@ class FakeHost(Host):
         if proc is None or not proc.alive:
             return False
         return start_time is None or proc.start_time == start_time
-
-    def process_start_time(self, pid: int) -> int | None:
-        w = self.world
-        with w._lock:
-            proc = w._find(self.name, pid)
-        name = proc.name if proc else "?"
-        w._call(self.name, "process_start_time", f"{name}#{pid}", name=name)
-        return proc.start_time if proc and proc.alive else None
 
     def read_log(self, path: str, lines: int = 50) -> str:
         self.world._call(self.name, "read_log", path, name=_stem(path))

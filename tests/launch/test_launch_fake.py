@@ -107,7 +107,7 @@ def test_a_plain_up_starts_engines_before_the_router_and_records_every_pid(world
 
 # -- rollback ---------------------------------------------------------------------------------
 def test_rollback_when_decode_0_cannot_start_stops_what_started_decode_then_prefill(world):
-    world.fail(B, "start_detached", name="decode-0")
+    world.fail(B, "start_tracked", name="decode-0")
     with pytest.raises(LaunchError) as info:
         up(PLAN, opts(), opener=world.opener)
     err = info.value
@@ -117,7 +117,7 @@ def test_rollback_when_decode_0_cannot_start_stops_what_started_decode_then_pref
     assert stop_roles(world) == ["decode", "prefill"]
     assert world.alive() == []
     assert world.paths(".secrets.env") == []
-    assert world.calls_to("put"), "secrets were uploaded before the failure"
+    assert world.calls_to("put_files"), "secrets were uploaded before the failure"
     assert not (deployment_dir(DEP) / STATE_FILE).exists()
 
 
@@ -270,7 +270,7 @@ def test_status_reports_an_unreachable_hosts_processes_as_unknown_not_dead(runni
 
 # -- a hanging upload -------------------------------------------------------------------------
 def test_an_upload_that_hangs_names_the_host_and_leaves_nothing_started(world):
-    world.hang(B, "put")
+    world.hang(B, "put_files")
     with pytest.raises(LaunchError) as info:
         up(PLAN, opts(), opener=world.opener)
     assert B in str(info.value)
