@@ -11,6 +11,7 @@ prefill, and a second signal during that says truthfully what still runs.
 from __future__ import annotations
 
 import contextlib
+import copy
 import signal
 import threading
 import time
@@ -126,7 +127,10 @@ class _Run:
         self.deadline = deadline
         self.adopted = adopted
         self.uploaded = False
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # guards self.state: every change and its serialization
+        self._write_lock = threading.Lock()  # one write at a time
+        self._asked = 0  # save() calls so far
+        self._written = 0  # the last call whose change is on disk
         self.views = {p.name: View(p.name, p.role, p.host) for p in plan.processes}
         for name in adopted:
             ps = state.process(name)
@@ -142,8 +146,22 @@ class _Run:
         self.reporter.update()
 
     def save(self) -> None:
+        """Put every change made so far on disk before returning. Parallel starts each call
+        this: a caller whose change a write begun after it already holds returns at once, so
+        N starts cost a few writes (each an fsync of the whole record), not N in a row. The
+        write works on a copy, so other starts record their pids meanwhile (and the next
+        write takes them all)."""
         with self.lock:
-            save_state(self.state)
+            self._asked += 1
+            mine = self._asked
+        with self._write_lock:
+            if self._written >= mine:
+                return
+            with self.lock:
+                upto = self._asked
+                snapshot = copy.deepcopy(self.state)
+            save_state(snapshot)
+            self._written = upto
 
     def command_timeout(self) -> float:
         """What is left of --timeout for one host command (at least 1 s, at most 60 s)."""

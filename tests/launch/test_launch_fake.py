@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import importlib
 import json
+import time
 
 import pytest
 import yaml
 
 from pdlaunch import rules
 from pdlaunch.hosts import HostError
-from pdlaunch.launch import LaunchError, UpOptions, down, status, up
+from pdlaunch.launch import LaunchError, Reporter, UpOptions, down, status, up
 from pdlaunch.launch.readiness import ABORTED, DEADLINE, EXITED, READY, wait_until
 from pdlaunch.load import load_text
 from pdlaunch.plan import Plan, build_plan
@@ -103,6 +104,48 @@ def test_a_plain_up_starts_engines_before_the_router_and_records_every_pid(world
     secrets = {path: world.files[(h, path)] for h, path in world.paths(".secrets.env")}
     assert secrets and all(mode == 0o600 for _, mode in secrets.values())
     assert all(b"s3cret-value" in data for data, _ in secrets.values())
+
+
+def test_parallel_starts_share_state_writes_and_each_pid_is_on_disk_before_it_goes_on(
+    world, monkeypatch
+):
+    """Many engines start at once; the record must hold each pid before its start step goes
+    on (a kill -9 then still leaves `down` a record), yet not cost one whole-record write
+    (fsync) per engine in a row."""
+    wide = dict(
+        TOPOLOGY,
+        prefill=[{"host": h, "device": "cpu", "port": 8100 + i} for i, h in enumerate([A, B] * 8)],
+    )
+    plan = make_plan(wide)
+    world.learn(plan)
+    engines = len(plan.by_role("prefill")) + len(plan.by_role("decode"))
+    writes = []
+    real_save = launch_up.save_state
+
+    def slow_save(state):  # the real write, made slow as an fsync on a busy disk
+        time.sleep(0.02)
+        writes.append(sum(p.pid is not None for p in state.processes))
+        return real_save(state)
+
+    monkeypatch.setattr(launch_up, "save_state", slow_save)
+    unrecorded: list[str] = []
+
+    class Watch(Reporter):
+        def views(self, views):
+            self.rows = views
+
+        def update(self):  # after every step of every process
+            on_disk = load_state(DEP)
+            recorded = {p.name: p.pid for p in on_disk.processes} if on_disk else {}
+            for v in self.rows:
+                if v.detail == "waiting for health" and recorded.get(v.name) != v.pid:
+                    unrecorded.append(v.name)
+
+    result = up(plan, opts(), Watch(), opener=world.opener)
+    assert result.changed and len(world.alive()) == engines + 1
+    assert unrecorded == []
+    start_writes = [n for n in writes if 0 < n <= engines]
+    assert 1 <= len(start_writes) < engines / 2, writes
 
 
 # -- rollback ---------------------------------------------------------------------------------
