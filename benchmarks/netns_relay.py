@@ -20,10 +20,10 @@ listens, and exits when its stdin closes or on SIGTERM. :class:`RelayedCluster` 
 round trip (:meth:`RelayedCluster.measure_rtt`) and reports the simulated hosts' CPU.
 :func:`count_ssh` counts SSH connections and commands per host while pdlaunch runs.
 
-One limit of the simulation is raised while a cluster lives: Linux has one ARP table for all
-network namespaces together (``gc_thresh3`` 1024 by default), and 32 hosts that all dial each
-other need ~1,056 entries, so without it `check` saw ~40 of the 1,024 side-channel pairs time
-out (see :func:`arp_limits_needed`).
+One limit of the simulation is raised while a cluster lives, by tests/netns.py: Linux has one
+ARP table for all network namespaces together (``gc_thresh3`` 1024 by default), and 32 hosts
+that all dial each other need ~1,056 entries, so without it `check` saw ~40 of the 1,024
+side-channel pairs time out (see ``tests.netns.arp_limits_needed``).
 """
 
 from __future__ import annotations
@@ -201,9 +201,8 @@ class SshCounts:
 _INNER = {"_exec_start", "_proc_stat", "_exec"}
 # what a Host method was called for, where the method name alone does not say
 _LABELS = {
-    "run<-one": "rotate-logs",
     "run<-run_jobs": "check-batch",
-    "run<-_release": "check-release-port",
+    "run<-release_one": "check-release-ports",
     "open_stream<-one": "check-hold-ports",
     "find_started": "survey",
 }
@@ -359,37 +358,6 @@ def proc_cpu(pid: int | None, children: bool = True) -> float:
     return sum(int(x) for x in ticks) / os.sysconf("SC_CLK_TCK")
 
 
-ARP_SYSCTL = Path("/proc/sys/net/ipv4/neigh/default")
-
-
-def arp_limits_needed(n: int) -> dict[str, int]:
-    """gc_thresh2/3 for ``n`` namespace hosts that all talk to each other. Linux keeps ONE
-    ARP table for every network namespace together (gc_thresh3 defaults to 1024), so n
-    hosts need about n * (n + 1) entries at once: at 32 hosts the default fills up and new
-    neighbours are refused, and connections between some hosts time out. A real host has
-    its own table; only the simulation needs this."""
-    entries = n * (n + 1)
-    return {"gc_thresh2": 2 * entries, "gc_thresh3": 4 * entries}
-
-
-def raise_arp_limits(n: int) -> dict[str, int]:
-    """Raise (never lower) the limits for ``n`` hosts; returns the old values it changed."""
-    changed = {}
-    for name, want in arp_limits_needed(n).items():
-        path = ARP_SYSCTL / name
-        old = int(path.read_text())
-        if old < want:
-            path.write_text(f"{want}\n")
-            changed[name] = old
-    return changed
-
-
-def restore_arp_limits(changed: dict[str, int]) -> None:
-    for name, old in changed.items():
-        with contextlib.suppress(OSError):
-            (ARP_SYSCTL / name).write_text(f"{old}\n")
-
-
 class RelayedCluster:
     """``n`` namespace hosts (tests/netns.py), their sshd reached through a latency relay."""
 
@@ -401,12 +369,10 @@ class RelayedCluster:
         self.netns = NetnsCluster(n)
         self.relay: subprocess.Popen | None = None
         self.ports: list[int] = []
-        self.arp_raised: dict[str, int] = {}
 
     def __enter__(self) -> RelayedCluster:
         try:
-            self.arp_raised = raise_arp_limits(self.netns.n)
-            self.netns.start()
+            self.netns.start()  # raises the shared ARP table's limits for its hosts too
             self._start_relay()
             self._write_ssh_files()
         except BaseException:
@@ -425,8 +391,6 @@ class RelayedCluster:
                 self.relay.wait(timeout=5)
             self.relay = None
         self.netns.close()
-        restore_arp_limits(self.arp_raised)
-        self.arp_raised = {}
 
     @property
     def hosts(self) -> list:

@@ -31,6 +31,13 @@ project's CI VM, ``# CONFIG_NET_SCH_NETEM is not set``) loss falls back to an nf
 random-drop rule on the host's output and a delay is refused with a NetnsError naming the
 missing kernel option.
 
+Linux keeps ONE neighbour (ARP) table for all network namespaces together (``gc_thresh3``
+1024 by default), and n hosts that all dial each other need about n * (n + 1) entries: 32 of
+them overflowed it (new neighbours refused, connections between some hosts timed out). While
+clusters exist, ``net.ipv4.neigh.default.gc_thresh1/2/3`` are raised for all of them together
+(never below what the machine had); the values from before are kept in
+/run/pdlaunch-netns/arp-limits.json and written back once no cluster is left.
+
 Concurrency: each slot has a lock file under /run/pdlaunch-netns/ that its owner holds (flock)
 for the cluster's lifetime; a cluster made by the CLI (``persist()``) is marked persistent in
 the slot's state file instead. At start, leftovers (namespaces, links, /etc/netns entries) of
@@ -395,12 +402,14 @@ def slot_owner(slot: int) -> str:
 
 
 def remove_cluster_files(slot: int) -> None:
-    """The slot's state file and the cluster directory it names (only one of ours)."""
+    """The slot's state file and the cluster directory it names (only one of ours); the ARP
+    limits then fit the clusters left (the machine's own values once none is)."""
     root = read_state(slot).get("root")
     if root and Path(root).name.startswith(ROOT_PREFIX):
         shutil.rmtree(root, ignore_errors=True)
     with contextlib.suppress(FileNotFoundError):
         state_path(slot).unlink()
+    sync_arp_limits()
 
 
 def sweep_stale() -> list[int]:
@@ -421,6 +430,75 @@ def sweep_stale() -> list[int]:
         finally:
             unlock(fd)
     return swept
+
+
+# ------------------------------------------------------------------------------ ARP limits
+
+ARP_SYSCTL = Path("/proc/sys/net/ipv4/neigh/default")
+ARP_KEYS = ("gc_thresh1", "gc_thresh2", "gc_thresh3")  # raised largest first, lowered last
+
+
+def arp_limits_needed(cluster_sizes: Iterable[int]) -> dict[str, int]:
+    """gc_thresh1/2/3 for clusters of these sizes at once: each of n hosts that all talk to
+    each other (and to the control address) holds n + 1 neighbours. gc_thresh1: nothing is
+    collected below it; 2 and 3: soft and hard limits, with room to spare."""
+    entries = sum(n * (n + 1) for n in cluster_sizes)
+    return {"gc_thresh1": entries, "gc_thresh2": 2 * entries, "gc_thresh3": 4 * entries}
+
+
+def read_arp_limits(sysctl: Path = ARP_SYSCTL) -> dict[str, int]:
+    return {k: int((sysctl / k).read_text()) for k in ARP_KEYS}
+
+
+def _write_arp_limits(values: dict[str, int], sysctl: Path) -> None:
+    now = read_arp_limits(sysctl)
+    raising = [k for k in reversed(ARP_KEYS) if values[k] > now[k]]  # thresh3 first
+    lowering = [k for k in ARP_KEYS if values[k] < now[k]]  # thresh1 first
+    for k in raising + lowering:
+        try:
+            (sysctl / k).write_text(f"{values[k]}\n")
+        except OSError as exc:
+            raise NetnsError(f"cannot set net.ipv4.neigh.default.{k} = {values[k]}: {exc}") from exc
+
+
+def sync_arp_limits(
+    cluster_sizes: Sequence[int] | None = None,
+    *,
+    sysctl: Path = ARP_SYSCTL,
+    saved: Path | None = None,
+) -> dict[str, int]:
+    """Fit the shared neighbour table to the clusters that exist now (default: every slot
+    with a state file, live or persistent): the machine's own values, raised where those
+    clusters need more. The machine's own values are saved before the first raise and
+    written back, the save removed, when no cluster is left. Returns the values in force."""
+    if not sysctl.is_dir():  # no IPv4 neighbour settings to fit (not Linux as we know it)
+        return {}
+    saved = saved or STATE_DIR / "arp-limits.json"
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    lock = os.open(saved.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if cluster_sizes is None:
+            cluster_sizes = [int(read_state(s).get("n") or 0) for s in range(MAX_SLOTS)]
+        sizes = [n for n in cluster_sizes if n > 0]
+        try:
+            original = {k: int(v) for k, v in json.loads(saved.read_text()).items()}
+        except (OSError, ValueError):
+            original = None
+        if not sizes:
+            if original is not None:
+                _write_arp_limits(original, sysctl)
+                saved.unlink()
+            return read_arp_limits(sysctl)
+        base = original or read_arp_limits(sysctl)
+        need = arp_limits_needed(sizes)
+        values = {k: max(base[k], need[k]) for k in ARP_KEYS}
+        if values != base and original is None:
+            saved.write_text(json.dumps(base) + "\n")  # before the first change
+        _write_arp_limits(values, sysctl)
+        return values
+    finally:
+        unlock(lock)
 
 
 # ------------------------------------------------------------------------------ the cluster
@@ -464,6 +542,7 @@ class NetnsCluster:
         try:
             self.root = Path(tempfile.mkdtemp(prefix=f"{ROOT_PREFIX}{self.slot}-"))
             self._write_state(persistent=False)
+            sync_arp_limits()  # this cluster's state file counts now
             self._network()
             self._start_sshd(timeout)
         except BaseException:
