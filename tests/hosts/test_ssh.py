@@ -142,6 +142,37 @@ def test_changed_host_key_is_refused_even_with_accept_new(ssh_connect, sshd_host
     h.stop()
 
 
+def test_known_hosts_is_parsed_once_for_many_connections_and_again_when_it_changes(
+    ssh_connect, sshd_hosts, tmp_path, monkeypatch
+):
+    # paramiko parses a known_hosts in quadratic time; with one file naming every host, a
+    # parse per connection made a whole run cubic in its hosts
+    import paramiko
+
+    hosts = sshd_hosts(3)
+    kh = tmp_path / "known_hosts"
+    kh.write_text("".join(h.host_key_line() + "\n" for h in hosts[:2]))
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"Host *\n  UserKnownHostsFile {kh}\n  GlobalKnownHostsFile none\n")
+    parsed: list[str] = []
+    real_load = paramiko.HostKeys.load
+
+    def load(self, filename):  # the real parse, counted
+        parsed.append(filename)
+        return real_load(self, filename)
+
+    monkeypatch.setattr(paramiko.HostKeys, "load", load)
+    for h in hosts[:2]:
+        assert ssh_connect(h, ssh_config_file=cfg, known_hosts=kh).run("true").ok
+    assert parsed == [str(kh)]  # one file (named twice), one parse, two hosts
+    with pytest.raises(HostKeyError, match="unknown host key"):
+        ssh_connect(hosts[2], ssh_config_file=cfg, known_hosts=kh)
+    # recorded by another connection: the file changed, so it is read anew
+    ssh_connect(hosts[2], ssh_config_file=cfg, known_hosts=kh, accept_new_host_keys=True)
+    assert ssh_connect(hosts[2], ssh_config_file=cfg, known_hosts=kh).run("true").ok
+    assert parsed == [str(kh)] * 2
+
+
 # -- ssh_config, defaults, ProxyJump -------------------------------------------------------------
 def test_ssh_config_alias(sshd_hosts, ssh_client_config, sshd_cluster):
     h = sshd_hosts(1)[0]
