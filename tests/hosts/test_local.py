@@ -247,6 +247,36 @@ def test_put_files_refuses_an_unsafe_dir_before_writing(case, tmp_path):
     assert list(d.iterdir()) == []
 
 
+NOBODY = 65534
+
+
+def test_private_dirs_check_every_parent_once_and_name_the_bad_one(case, tmp_path):
+    base = tmp_path / "base"
+    dirs = [base / "w", base / "w" / "logs", base / "w" / "run", base / "other"]
+    case.host.private_dirs([str(d) for d in dirs])  # shared parents: all fine, all made
+    assert all(stat.S_IMODE(d.stat().st_mode) == 0o700 for d in dirs)
+    # a parent others may write, not sticky: they could rename our dir away
+    base.chmod(0o777)
+    with pytest.raises(UnsafePathError) as ei:
+        case.host.private_dirs([str(dirs[1]), str(dirs[3])])
+    assert f"{base} (a parent of {dirs[1]}) is writable by others (mode 777)" in str(ei.value)
+    base.chmod(0o1777)  # sticky, like /tmp: others cannot rename what is ours
+    case.host.private_dirs([str(d) for d in dirs])
+    # a parent owned by someone else (neither root nor us)
+    base.chmod(0o755)
+    os.chown(base, NOBODY, NOBODY)
+    with pytest.raises(UnsafePathError, match=rf"{base} \(a parent of .*\) is owned by .*{NOBODY}"):
+        case.host.private_dirs([str(dirs[2])])
+    os.chown(base, os.getuid(), os.getgid())
+    # the dir itself: a link, or ours but writable by others
+    (base / "link").symlink_to(dirs[0])
+    with pytest.raises(UnsafePathError, match="is a symbolic link"):
+        case.host.private_dirs([str(dirs[0]), str(base / "link")])
+    dirs[2].chmod(0o770)
+    with pytest.raises(UnsafePathError, match=rf"{dirs[2]} is writable by others \(mode 770\)"):
+        case.host.private_dirs([str(d) for d in dirs])
+
+
 def test_put_files_names_the_file_it_could_not_write(case, tmp_path):
     (tmp_path / "dir").mkdir()
     files = [Upload("a", str(tmp_path / "a")), Upload("b", str(tmp_path / "dir"))]
