@@ -29,6 +29,7 @@ LOCAL_CPU = REPO / "topologies" / "local-cpu.yaml"
 BIN = Path(sys.executable).parent
 PDLAUNCH = [sys.executable, "-m", "pdlaunch"]
 PLAIN_HEALTH_TIMEOUT = 600.0
+TINY_MODEL_SCRIPT = REPO / "tests" / "e2e" / "tiny_model.py"
 
 
 # -- the model --------------------------------------------------------------------------------
@@ -38,9 +39,17 @@ def tiny_model(path: Path) -> Path:
     for tool in ("vllm", "vllm-router"):
         if not (BIN / tool).exists():
             pytest.skip(f"{tool} not installed in this venv (scripts/install-node-cpu.sh)")
-    from tests.e2e.tiny_model import build_tiny_model
-
-    return Path(build_tiny_model(path))
+    # A child process, not an import: the builder sets HF_HUB_OFFLINE in its own environment
+    # (and huggingface_hub reads it once, at import), which in pytest's process made every later
+    # in-process vLLM argv parse (the fidelity judge) look up its model offline and fail.
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    res = subprocess.run(
+        [sys.executable, str(TINY_MODEL_SCRIPT), str(path)], env=env, capture_output=True,
+        text=True, timeout=600, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    if res.returncode != 0:
+        pytest.fail(f"building the tiny model failed ({res.returncode}):\n{res.stderr[-3000:]}")
+    return path
 
 
 def write_topology(src: Path, dst: Path, **changes: Any) -> dict[str, Any]:
