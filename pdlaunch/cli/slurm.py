@@ -9,12 +9,9 @@ Which backend a recorded deployment uses is read from its record (`recorded_back
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import re
-import signal
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -45,6 +42,7 @@ from pdlaunch.cli.app import (
     print_json,
     refuse,
 )
+from pdlaunch.interrupts import INTERRUPTS, signals_ignored, signals_interrupt
 from pdlaunch.plan import Plan, build_plan
 from pdlaunch.render import RenderedFile, plan_json, write_files
 from pdlaunch.rules import Finding, has_errors, validate
@@ -335,43 +333,9 @@ def render_cmd(path: Path, output: Path, flags: SlurmFlags, as_json: bool) -> No
 
 
 # -- up -------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP stop `up` as Ctrl-C does, so the job is cancelled for them too.
-    Only the main thread can install handlers; elsewhere this is a no-op."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def raise_(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    saved = {s: signal.signal(s, raise_) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, h in saved.items():
-            signal.signal(s, h)
-
-
-@contextlib.contextmanager
-def _signals_ignored() -> Iterator[None]:
-    """While the job is cancelled after an interrupt: a second signal must not stop that."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    saved = {s: signal.signal(s, signal.SIG_IGN) for s in sigs}
-    try:
-        yield
-    finally:
-        for s, h in saved.items():
-            signal.signal(s, h)
-
-
 def _interrupted(deployment: str, as_json: bool) -> NoReturn:
     """Cancel what the interrupted `up` submitted, with the same proof as `down`."""
-    with _signals_ignored():
+    with signals_ignored():
         try:
             res = slurm_run.down(deployment)
             ok = res.ok
@@ -416,9 +380,9 @@ def up(path: Path, flags: SlurmFlags, *, timeout: float, canary: bool, as_json: 
         (lambda msg: None) if as_json else (lambda msg: err.print(f"[dim]{escape(msg)}[/]"))
     )
     try:
-        with _signals_interrupt():
+        with signals_interrupt():
             result = slurm_run.up(plan, opts, timeout=timeout, canary=canary, on_step=step)
-    except KeyboardInterrupt:
+    except INTERRUPTS:
         _interrupted(plan.deployment, as_json)
     except (SlurmRunError, StateError, SlurmError) as exc:
         if as_json:

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import signal
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from pdlaunch import health
 from pdlaunch.hosts import CommandTimeout, HostError, HostPool, Upload, parallel
 from pdlaunch.hosts.base import exec_owned_script
 from pdlaunch.hosts.pool import MAX_WORKERS, HostKey, Opener
+from pdlaunch.interrupts import Signalled, signal_name, signals_ignored, signals_interrupt
 from pdlaunch.plan import Plan, Process
 from pdlaunch.render import RenderedFile, render_plan
 from pdlaunch.state import (
@@ -54,54 +53,6 @@ from .stopping import stop_processes
 
 ALIVE_EVERY = 1.0  # s between liveness checks (one command on the host) while not healthy
 COMMAND_TIMEOUT = 60.0  # upper bound of one host command during `up`, within --timeout
-
-
-# -- signals --------------------------------------------------------------------------------------
-class _Signal(BaseException):
-    """SIGTERM/SIGHUP turned into an exception, like SIGINT's KeyboardInterrupt."""
-
-    def __init__(self, name: str):
-        super().__init__(name)
-        self.name = name
-
-
-def _signal_name(exc: BaseException) -> str:
-    return exc.name if isinstance(exc, _Signal) else "SIGINT"
-
-
-@contextlib.contextmanager
-def _signals_roll_back() -> Iterator[None]:
-    """SIGTERM and SIGHUP interrupt `up` the way Ctrl-C does (so they roll back too). Only
-    the main thread can install handlers; elsewhere (a library caller's thread) this is a
-    no-op."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def raise_(signum: int, frame: object) -> None:
-        raise _Signal(signal.Signals(signum).name)
-
-    saved = {s: signal.signal(s, raise_) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, h in saved.items():
-            signal.signal(s, h)
-
-
-@contextlib.contextmanager
-def _signals_ignored() -> Iterator[None]:
-    """While the last words are written (state, message): a third signal must not lose them."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    saved = {s: signal.signal(s, signal.SIG_IGN) for s in sigs}
-    try:
-        yield
-    finally:
-        for s, h in saved.items():
-            signal.signal(s, h)
 
 
 # -- the deployment under way ---------------------------------------------------------------------
@@ -337,7 +288,7 @@ def up(
     by_name = {f.name: f for f in files}
     digest = scripts_hash(files)
     eps = endpoints(plan)
-    with DeploymentLock(plan.deployment, "up"), _signals_roll_back():
+    with DeploymentLock(plan.deployment, "up"), signals_interrupt():
         old = load_state(plan.deployment)
         connect = opts.connect
         if old is not None:
@@ -354,10 +305,10 @@ def up(
                 )
             try:
                 decided = _reconcile(plan, old, files, digest, opts, pool, reporter)
-            except (KeyboardInterrupt, _Signal) as exc:
+            except (KeyboardInterrupt, Signalled) as exc:
                 raise Interrupted(
-                    _signal_name(exc),
-                    f"interrupted by {_signal_name(exc)} while checking what already runs; "
+                    signal_name(exc),
+                    f"interrupted by {signal_name(exc)} while checking what already runs; "
                     "nothing was started",
                 ) from None
             if isinstance(decided, UpResult):
@@ -620,12 +571,12 @@ def _rollback(run: _Run, exc: BaseException, reporter: Reporter) -> BaseExceptio
     err: LaunchError
     if isinstance(exc, LaunchError):
         err = exc
-    elif isinstance(exc, (KeyboardInterrupt, _Signal)):
-        err = Interrupted(_signal_name(exc))
+    elif isinstance(exc, (KeyboardInterrupt, Signalled)):
+        err = Interrupted(signal_name(exc))
     else:  # HostError, StateError, or a bug: roll back all the same
         err = LaunchError(str(exc))
     _roll_back_into(run, err, reporter)
-    if not isinstance(exc, (LaunchError, KeyboardInterrupt, _Signal, HostError, StateError)):
+    if not isinstance(exc, (LaunchError, KeyboardInterrupt, Signalled, HostError, StateError)):
         return exc  # a bug: keep its traceback
     return err
 
@@ -655,14 +606,14 @@ def _roll_back_into(run: _Run, err: LaunchError, reporter: Reporter) -> None:
                         only=left,
                     )
                 errors += [f"{name}: {why}" for name, why in check.unknown.items()]
-    except (KeyboardInterrupt, _Signal) as again:
-        with _signals_ignored():
+    except (KeyboardInterrupt, Signalled) as again:
+        with signals_ignored():
             left = [p.name for p in run.state.started() if p.name in mine]
             run.state.status = "failed"
             with contextlib.suppress(StateError):
                 run.save()
             err.message += (
-                f"\ninterrupted again ({_signal_name(again)}) while rolling back: "
+                f"\ninterrupted again ({signal_name(again)}) while rolling back: "
                 + (f"still running: {', '.join(left)}" if left else "nothing is left running")
                 + f" (recorded; stop with `pdlaunch down {dep}`)"
             )
