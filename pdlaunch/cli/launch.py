@@ -62,7 +62,7 @@ from pdlaunch.cli.slurm import (
     TimeOpt,
 )
 from pdlaunch.cli.targets import resolve_deployment
-from pdlaunch.hosts import HostError
+from pdlaunch.hosts import HostError, HostPool
 from pdlaunch.hosts.options import ConnectOptions
 from pdlaunch.plan import Plan
 from pdlaunch.state import StateError, load_state
@@ -180,9 +180,7 @@ def _failure_json(exc: Exception) -> dict[str, Any]:
     return data
 
 
-def _preflight(
-    plan: Plan, connect: ConnectOptions, pool: launch.model.HostPool, as_json: bool
-) -> None:
+def _preflight(plan: Plan, connect: ConnectOptions, pool: HostPool, as_json: bool) -> None:
     # on `up`'s own connected hosts: no second SSH connection (and handshake) per host
     report = run_check(plan, CheckOptions(fast=True, connect=connect), pool=pool)
     if report.failed:
