@@ -231,19 +231,7 @@ def up_cmd(
 
     With --backend slurm: run the Slurm placement rules too, submit one batch job, wait for
     its processes' health, check one request, record the job."""
-    flags = SlurmFlags(
-        partition=partition,
-        nodelist=nodelist,
-        account=account,
-        qos=qos,
-        time=time_limit,
-        exclusive=exclusive,
-        mem=mem,
-        sbatch_opt=tuple(sbatch_opt or ()),
-        start_timeout=start_timeout,
-        gpus_per_node=gpus_per_node,
-        cpus_per_node=cpus_per_node,
-    )
+    flags = SlurmFlags.of(locals())
     if slurm_cli.chosen(backend, flags):
         if replace:
             bad_input("--replace does not apply to --backend slurm: `pdlaunch down` first")

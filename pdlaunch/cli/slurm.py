@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -161,6 +161,16 @@ class SlurmFlags:
     start_timeout: int | None = None
     gpus_per_node: int | None = None
     cpus_per_node: int | None = None
+
+    @classmethod
+    def of(cls, params: Mapping[str, Any]) -> SlurmFlags:
+        """The flags among a command's parameters (its ``locals()``): every command that takes
+        them declares the same typer parameters, ``time_limit`` for ``--time`` (``time`` would
+        shadow the module)."""
+        values = {f.name: params[f.name] for f in dataclasses.fields(cls) if f.name in params}
+        values["time"] = params["time_limit"]
+        values["sbatch_opt"] = tuple(params["sbatch_opt"] or ())
+        return cls(**values)
 
     def given(self) -> list[str]:
         """The flags set on the command line, spelled as typed."""

@@ -91,19 +91,7 @@ def validate_cmd(
 ) -> None:
     """Check a topology against every rule (with --backend slurm, the Slurm placement rules
     too); nothing is started."""
-    flags = SlurmFlags(
-        partition=partition,
-        nodelist=nodelist,
-        account=account,
-        qos=qos,
-        time=time_limit,
-        exclusive=exclusive,
-        mem=mem,
-        sbatch_opt=tuple(sbatch_opt or ()),
-        start_timeout=start_timeout,
-        gpus_per_node=gpus_per_node,
-        cpus_per_node=cpus_per_node,
-    )
+    flags = SlurmFlags.of(locals())
     if slurm_cli.chosen(backend, flags):
         slurm_cli.validate_cmd(topology, flags, as_json)
         return
@@ -162,19 +150,7 @@ def render_cmd(
 ) -> None:
     """Write one runnable script per process, plus index.md and plan.json (with --backend
     slurm: the sbatch script slurm-job.sh too, and an index.md that says how to submit it)."""
-    flags = SlurmFlags(
-        partition=partition,
-        nodelist=nodelist,
-        account=account,
-        qos=qos,
-        time=time_limit,
-        exclusive=exclusive,
-        mem=mem,
-        sbatch_opt=tuple(sbatch_opt or ()),
-        start_timeout=start_timeout,
-        gpus_per_node=gpus_per_node,
-        cpus_per_node=cpus_per_node,
-    )
+    flags = SlurmFlags.of(locals())
     if slurm_cli.chosen(backend, flags):
         slurm_cli.render_cmd(topology, output, flags, as_json)
         return
