@@ -79,6 +79,13 @@ class Process(Frozen):
     pid_path: str
     secrets_path: str
 
+    @property
+    def dirs(self) -> tuple[str, ...]:
+        """The directories this process writes into (its work dir, its log's and its pid
+        file's), each once: what a launcher must create and check before starting it."""
+        parents = (posixpath.dirname(self.log_path), posixpath.dirname(self.pid_path))
+        return tuple(dict.fromkeys((self.work_dir, *(d or "." for d in parents))))
+
 
 class Plan(Frozen):
     deployment: str

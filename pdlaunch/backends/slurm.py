@@ -27,6 +27,7 @@ driver's own shell code is constant text.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -639,9 +640,9 @@ def job_index(plan: Plan) -> RenderedFile:
     (the driver runs every script from its plan path, not from the render directory), and
     the commands that put them there and submit it."""
     driver = f"{job_dir(plan)}/{DRIVER_NAME}"
-    dirs = {_dirname(driver_log(plan))}
+    dirs = {posixpath.dirname(driver_log(plan)) or "."}
     for p in plan.processes:
-        dirs |= {p.work_dir, _dirname(p.log_path), _dirname(p.pid_path)}
+        dirs |= set(p.dirs)
     rows = [f"| {p.name} | {p.role} | {p.name}.sh | `{p.script_path}` |" for p in plan.processes]
     installs = [
         f"install -m 0755 {shquote(p.name + '.sh')} {shquote(p.script_path)}"
@@ -685,7 +686,3 @@ def job_index(plan: Plan) -> RenderedFile:
         "",
     ]
     return RenderedFile("index.md", "\n".join(lines), False)
-
-
-def _dirname(path: str) -> str:
-    return path.rsplit("/", 1)[0] or "/"

@@ -340,7 +340,7 @@ def write_job(plan: Plan, opts: slurm.SlurmOptions, environ: dict[str, str] | No
     secrets = _secrets(plan, dict(os.environ if environ is None else environ))
     try:
         for p in plan.processes:
-            for d in (p.work_dir, os.path.dirname(p.log_path), os.path.dirname(p.pid_path)):
+            for d in p.dirs:
                 Path(d).mkdir(mode=0o700, parents=True, exist_ok=True)
             log = Path(p.log_path)
             if log.exists():

@@ -129,9 +129,7 @@ class _Run:
 
         def one(procs: list[Process]) -> None:
             host = proc_host(self.pool, procs[0])
-            dirs = sorted(
-                {d for p in procs for d in (p.work_dir, _dirname(p.log_path), _dirname(p.pid_path))}
-            )
+            dirs = sorted({d for p in procs for d in p.dirs})
             fresh = [p for p in procs if p.name not in self.adopted]
             uploads = []
             for p in fresh:
@@ -266,10 +264,6 @@ class _Run:
             grace=self.grace,
             only=self.started_here(),
         )
-
-
-def _dirname(path: str) -> str:
-    return path.rsplit("/", 1)[0] if "/" in path else "."
 
 
 # -- up -------------------------------------------------------------------------------------------
