@@ -35,7 +35,6 @@ from pdlaunch.state import (
     deployment_dir,
 )
 
-RECORD_FILE = SLURM_RECORD_FILE
 FORMAT = 1
 # Job states in which the job still holds (or waits for) its nodes.
 ACTIVE = frozenset(
@@ -250,7 +249,7 @@ class SlurmRecord:
 
 
 def record_path(deployment: str) -> Path:
-    return deployment_dir(deployment) / RECORD_FILE
+    return deployment_dir(deployment) / SLURM_RECORD_FILE
 
 
 def load_record(deployment: str) -> SlurmRecord | None:
@@ -272,10 +271,12 @@ def save_record(rec: SlurmRecord) -> Path:
     d = deployment_dir(rec.deployment)
     try:
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        atomic_write(d / RECORD_FILE, json.dumps(asdict(rec), indent=2, sort_keys=True) + "\n")
+        atomic_write(
+            d / SLURM_RECORD_FILE, json.dumps(asdict(rec), indent=2, sort_keys=True) + "\n"
+        )
     except OSError as exc:
         raise StateError(f"cannot write the Slurm record in {d}: {exc}") from None
-    return d / RECORD_FILE
+    return d / SLURM_RECORD_FILE
 
 
 def record_of(plan: Plan, job_id: str) -> SlurmRecord:

@@ -46,7 +46,7 @@ from pdlaunch.interrupts import INTERRUPTS, signals_ignored, signals_interrupt
 from pdlaunch.plan import Plan, build_plan
 from pdlaunch.render import RenderedFile, plan_json, write_files
 from pdlaunch.rules import Finding, has_errors, validate
-from pdlaunch.state import SLURM_RECORD_FILE, STATE_FILE, StateError, deployment_dir
+from pdlaunch.state import STATE_FILE, StateError, deployment_dir
 
 
 class Backend(str, Enum):
@@ -198,7 +198,7 @@ def recorded_backend(deployment: str, backend: Backend | None) -> Backend:
     if backend is not None:
         return backend
     d = deployment_dir(deployment)
-    ssh, on_slurm = (d / STATE_FILE).is_file(), (d / SLURM_RECORD_FILE).is_file()
+    ssh, on_slurm = (d / STATE_FILE).is_file(), slurm_run.record_path(deployment).is_file()
     if ssh and on_slurm:
         bad_input(
             f"{deployment} has both an SSH record and a Slurm record in {d}: "
