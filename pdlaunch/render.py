@@ -15,7 +15,7 @@ from pathlib import Path
 import jinja2
 
 from pdlaunch import __version__
-from pdlaunch.fsutil import atomic_write
+from pdlaunch.fsutil import atomic_write, sync_dir
 from pdlaunch.plan import Plan
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -108,6 +108,9 @@ def write_files(files: list[RenderedFile], out_dir: Path) -> list[Path]:
     written = []
     for f in files:
         path = out_dir / f.name
-        atomic_write(path, f.content, 0o755 if f.executable else 0o644)
+        # Same plan, same bytes: a render is repeatable, so one directory sync at the end
+        # instead of two per file (1,000 instances: ~2,000 fsyncs were most of render's time).
+        atomic_write(path, f.content, 0o755 if f.executable else 0o644, durable=False)
         written.append(path)
+    sync_dir(out_dir)
     return written

@@ -295,11 +295,17 @@ def _env_scopes(topo: Topology) -> Iterator[tuple[FieldPath, dict[str, str], lis
     """(path, env map, nodes it reaches) for every `env:` of the topology."""
     nodes = all_nodes(topo)
     yield ("defaults", "env"), topo.defaults.env, nodes
+    # Grouped once: a scan of every node per host and per instance was quadratic (1,000
+    # instances: ~0.5 s of validate).
+    by_host: dict[str, list] = {}
+    by_instance: dict[tuple[str, int], list] = {}
+    for n in nodes:
+        by_host.setdefault(host_key(n.host), []).append(n)
+        by_instance.setdefault((n.role, n.index), []).append(n)
     for host, settings in topo.hosts.items():
-        on = [n for n in nodes if host_key(n.host) == host_key(host)]
-        yield ("hosts", host, "env"), settings.env, on
+        yield ("hosts", host, "env"), settings.env, by_host.get(host_key(host), [])
     for role, i, inst in topo.instances():
-        yield (role, i, "env"), inst.env, [n for n in nodes if (n.role, n.index) == (role, i)]
+        yield (role, i, "env"), inst.env, by_instance.get((role, i), [])
 
 
 @rule("managed-env", "env must not set variables pdlaunch derives", "pdlaunch plan (nodeenv.py)")

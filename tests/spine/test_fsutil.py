@@ -93,3 +93,20 @@ def test_render_writes_through_atomic_write(tmp_path, umask_077):
     write_files(files, out)
     assert victim.read_text() == "keep" and not (out / "p.sh").is_symlink()
     assert mode_of(out / "p.sh") == 0o755 and mode_of(out / "index.md") == 0o644
+
+
+def test_render_syncs_its_directory_once_not_every_file(tmp_path, monkeypatch):
+    # A render is repeatable from its input, so it keeps atomic replacement but not a sync per
+    # file (two per file were most of a 1,000-instance render); the directory is synced once.
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(fsutil.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    files = [RenderedFile(f"p{i}.sh", f"#{i}\n", True) for i in range(20)]
+    write_files(files, tmp_path / "out")
+    assert len(synced) == 1
+    assert [(tmp_path / "out" / f"p{i}.sh").read_text() for i in range(20)] == [
+        f"#{i}\n" for i in range(20)
+    ]
+    synced.clear()
+    atomic_write(tmp_path / "state.json", "{}")  # the default stays durable: file and dir
+    assert len(synced) == 2
