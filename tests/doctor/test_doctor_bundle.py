@@ -399,3 +399,19 @@ def test_a_log_that_is_a_link_is_not_read_into_the_bundle(tmp_path, metrics_serv
     assert "logs/router.log" not in files
     assert "symbolic link" in files["logs/router.error"]
     assert all("private notes" not in text for text in files.values())
+
+
+def test_no_value_in_shipped_plans_or_real_logs_is_taken_for_a_flagged_secret():
+    """Values found after secret-bearing flags are redacted everywhere in the bundle: none may
+    come from ordinary settings or log lines (each would vanish from every member)."""
+    from pdlaunch.doctor.bundle import flagged_values
+    from pdlaunch.render import plan_json
+
+    texts = [(FIXTURES / n).read_text() for n in ("prefill-0.log", "decode-0.log", "router.log")]
+    for entry in yaml.safe_load((FIXTURES / "lines.yaml").read_text()).values():
+        texts += entry["real"] + entry["near_miss"]
+    for path in sorted((ROOT / "topologies").glob("*.yaml")):
+        plan = build_plan(load_text(path.read_text(), path.name)[0])
+        texts += [path.read_text(), plan_json(plan), *(f.content for f in render_plan(plan))]
+    assert flagged_values(texts) == set()
+    assert flagged_values([f"--api-key {KEY}", "--api-key 1234567"]) == {KEY}
