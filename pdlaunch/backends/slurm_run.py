@@ -550,9 +550,15 @@ def _need_record(deployment: str) -> SlurmRecord:
 
 
 def status(deployment: str) -> Status:
-    """The job as Slurm sees it, and every process's health on its node."""
+    """The job as Slurm sees it, and every process's health on its node; SlurmRunError when
+    the job the record names is another's (its state would be shown as this deployment's)."""
     rec = _need_record(deployment)
     info = job_info(rec.job_id)
+    if info.active and (why := not_ours(rec)):
+        raise SlurmRunError(
+            f"the record {record_path(deployment)} names job {rec.job_id}, which is not this "
+            f"deployment's job ({why}). {by_hand(deployment, record_path(deployment))}"
+        )
     urls: dict[str, str] = {}
     if info.running:
         urls = endpoints(rec, info)

@@ -281,6 +281,9 @@ def test_down_never_cancels_a_job_that_is_not_the_deployments(
     assert "it was not cancelled" in str(err.value) and "squeue -u" in str(err.value)
     assert fake_slurm.calls("scancel") == []
     assert "777" in fake_slurm.jobs and path.exists()
+    # Nor does status show the stranger's job as this deployment's.
+    with pytest.raises(slurm_run.SlurmRunError, match="not this deployment's job"):
+        slurm_run.status("hard")
 
 
 def test_down_deletes_no_file_outside_the_deployment(
