@@ -272,6 +272,12 @@ def sbatch_test_only(plan: Plan, opts: slurm.SlurmOptions, directory: Path) -> s
 
 
 # -- health ---------------------------------------------------------------------------------------
+def one_line(exc: BaseException) -> str:
+    """``Type: message`` on one line (an exception may quote a peer's bytes, newlines too)."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+
+
 def _url_host(addr: str) -> str:
     return f"[{addr}]" if ":" in addr else addr
 
@@ -349,7 +355,10 @@ def wait_healthy(
         url = health_url(rec, urls, p.name)
 
         def probe(t: float, url: str | None = url) -> tuple[bool, str]:
-            r = health.probe(url, timeout=t) if url else health.Probe(True)
+            try:
+                r = health.probe(url, timeout=t) if url else health.Probe(True)
+            except Exception as exc:  # an answer that is not HTTP: unhealthy, said where
+                return False, f"{url}: {one_line(exc)}"
             return r.ok, r.describe()
 
         outcome = wait_until(
@@ -455,7 +464,7 @@ def up(
         except (SlurmRunError, StateError) as exc:
             failure = str(exc)
         except Exception as exc:  # whatever it was, the job must not stay
-            failure = f"unexpected {type(exc).__name__}: {exc}"
+            failure = f"unexpected {one_line(exc)}"
         except BaseException:
             with signals_ignored():
                 _roll_back(plan, rec or record_of(plan, job_id), job_id)

@@ -353,3 +353,27 @@ def test_a_damaged_record_is_named_never_a_traceback(
         assert res.returncode == 1, (args, out)
         assert field in out and "scancel" in out, (args, out)
     assert fake_slurm.calls("scancel") == []
+
+
+def test_the_cli_up_says_why_and_leaves_no_job_when_a_port_answers_garbage(
+    fake_slurm: FakeSlurm, fake_bins, tmp_path: Path
+) -> None:
+    plan = _plan(tmp_path, fake_bins, secret=False)
+    port = int(plan.by_role("prefill")[0].health_url.rsplit(":", 1)[1].split("/")[0])
+    argv = ["up", str(tmp_path / "hard.yaml"), "--backend", "slurm", "--timeout", "4"]
+    server = _Garbage(port)
+    try:
+        res = subprocess.run(
+            [sys.executable, "-m", "pdlaunch", *argv, "--no-canary"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+        )
+    finally:
+        server.close()
+    out = res.stdout + res.stderr
+    assert res.returncode == 1 and TRACEBACK not in out, out
+    assert "prefill-0 is not healthy" in out and "BadStatusLine" in out, out
+    assert f"127.0.0.1:{port}/health" in out and "cancelled" in out, out
+    assert fake_slurm.jobs == {} and len(fake_slurm.calls("scancel")) == 1
