@@ -114,11 +114,15 @@ class DeploymentState:
         return cls.parse(json.dumps(data))
 
     @classmethod
-    def parse(cls, text: str) -> DeploymentState:
+    def parse(cls, text: str, deployment: str | None = None) -> DeploymentState:
         """The record in ``text`` (JSON), every field of the type it must have (the schema
-        is these dataclasses, checked by pydantic, no coercion); ValueError naming the first
-        bad field otherwise."""
+        is these dataclasses, checked by pydantic, no coercion), of ``deployment`` (the
+        directory it was found in); ValueError naming the first bad field otherwise."""
         state = parse_json_as(cls, text)
+        if deployment is not None and state.deployment != deployment:
+            raise ValueError(
+                f"deployment is {state.deployment!r}, in the directory of {deployment!r}"
+            )
         for i, p in enumerate(state.processes):
             for key, low in (("pid", 2), ("start_time", 0)):
                 v = getattr(p, key)
@@ -187,7 +191,7 @@ def load_state(deployment: str) -> DeploymentState | None:
     except (OSError, ValueError) as exc:
         raise StateError(f"cannot read the record {path}: {exc}") from None
     try:
-        return DeploymentState.parse(text)
+        return DeploymentState.parse(text, deployment)
     except ValueError as exc:
         raise StateError(f"the record {path} is damaged: {exc}") from None
 

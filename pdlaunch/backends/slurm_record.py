@@ -88,16 +88,21 @@ class SlurmRecord:
         return cls.parse(json.dumps(data))
 
     @classmethod
-    def parse(cls, text: str) -> SlurmRecord:
+    def parse(cls, text: str, deployment: str | None = None) -> SlurmRecord:
         """The record in ``text`` (JSON), every field of its declared type (pydantic, no
-        coercion), the job id a Slurm job id and every path the one the plan gives it in the
-        deployment's own work dirs (`down` deletes the secrets files; `logs` reads the
-        logs); ValueError naming the first bad field otherwise."""
+        coercion), of ``deployment`` (the directory it was found in), the job id a Slurm job
+        id and every path the one the plan gives it in the deployment's own work dirs (`down`
+        deletes the secrets files; `logs` reads the logs); ValueError naming the first bad
+        field otherwise."""
         data = json.loads(text)
         if not isinstance(data, dict) or data.get("backend") != "slurm":
             raise ValueError("not a pdlaunch Slurm record (no \"backend\": \"slurm\")")
         rec = parse_json_as(cls, text)
-        if not rec.job_id.isdigit():
+        if deployment is not None and rec.deployment != deployment:
+            raise ValueError(
+                f"deployment is {rec.deployment!r}, in the directory of {deployment!r}"
+            )
+        if not is_job_id(rec.job_id):
             raise ValueError(f"job_id {rec.job_id!r} is not a Slurm job id")
         dep = rec.deployment
         router = rec.process("router")
@@ -121,6 +126,11 @@ class SlurmRecord:
         return rec
 
 
+def is_job_id(text: str) -> bool:
+    """ASCII digits only (``str.isdigit`` takes other scripts' digits too)."""
+    return text.isascii() and text.isdigit()
+
+
 def current_user() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
 
@@ -141,7 +151,7 @@ def load_record(deployment: str) -> SlurmRecord | None:
             f"cannot read the Slurm record {path}: {exc}. {by_hand(deployment, path)}"
         ) from None
     try:
-        return SlurmRecord.parse(text)
+        return SlurmRecord.parse(text, deployment)
     except ValueError as exc:
         raise StateError(
             f"the Slurm record {path} is damaged: {exc}. {by_hand(deployment, path)}"

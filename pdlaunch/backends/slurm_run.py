@@ -33,6 +33,7 @@ from pdlaunch.backends.slurm_record import (
     SlurmRunError,
     by_hand,
     current_user,
+    is_job_id,
     load_record,
     record_of,
     record_path,
@@ -243,13 +244,13 @@ def submit(plan: Plan, opts: slurm.SlurmOptions, environ: dict[str, str] | None 
     try:
         out = _out(["sbatch", "--parsable", str(driver)], timeout=60).strip()
         job_id = out.split(";", 1)[0]
-        if not job_id.isdigit():
+        if not is_job_id(job_id):
             raise SlurmRunError(f"sbatch answered {out!r}, not a job id")
         save_record(record_of(plan, job_id))
     except BaseException:
         with signals_ignored():
             remove_secrets(plan)
-            if job_id.isdigit():
+            if is_job_id(job_id):
                 # Accepted but not recorded: nothing could find it later. Only our job of
                 # this name is cancelled (the filters make scancel skip any other).
                 with contextlib.suppress(SlurmRunError):

@@ -105,6 +105,7 @@ WRONG = {
     "pid-bool": ("pid", True, "processes[0].pid"),
     "health-list": ("health_url", ["x"], "processes[0].health_url"),
     "secrets-outside": ("secrets_path", "/home/u/.ssh/id_ed25519", "does not delete"),
+    "another-deployment": ("deployment", "other", "deployment is 'other'"),
 }
 
 
@@ -125,7 +126,7 @@ def test_a_record_field_of_the_wrong_type_or_place_is_named(kind, state_dir):
     path.write_text(json.dumps(record))
     assert load_state("d").process("p").pid == 42  # the control: this record reads
     key, value, says = WRONG[kind]
-    proc[key] = value
+    (record if key == "deployment" else proc)[key] = value
     path.write_text(json.dumps(record))
     with pytest.raises(StateError) as err:
         load_state("d")

@@ -315,6 +315,8 @@ DAMAGE = {
     "job-id-words": (("job_id",), "4242 4243", "job_id"),
     "components-str": (("components",), "n1", "components"),
     "missing-log": (("processes", 0, "log_path"), None, "processes[0].log_path"),
+    "job-id-arabic-digits": (("job_id",), "\u0664\u0662", "job_id"),
+    "another-deployment": (("deployment",), "other", "deployment is 'other'"),
 }
 
 
