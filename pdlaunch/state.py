@@ -13,10 +13,14 @@ import fcntl
 import hashlib
 import json
 import os
+import posixpath
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import TypeAdapter, ValidationError
 
 from pdlaunch.fsutil import atomic_write
 from pdlaunch.render import RenderedFile
@@ -25,6 +29,7 @@ STATE_DIR_ENV = "PDLAUNCH_STATE_DIR"
 STATE_FILE = "state.json"
 LOCK_FILE = "lock"
 FORMAT = 1
+_T = TypeVar("_T")
 
 
 def state_root() -> Path:
@@ -89,6 +94,9 @@ class DeploymentState:
     scripts: dict[str, str] = field(default_factory=dict)
     processes: list[ProcessState] = field(default_factory=list)
     format: int = FORMAT
+    # The control host's variables whose values are secrets (names only, never a value): the
+    # debug bundle redacts their values even when the topology file has moved.
+    secret_names: list[str] = field(default_factory=list)
 
     def process(self, name: str) -> ProcessState | None:
         return next((p for p in self.processes if p.name == name), None)
@@ -103,31 +111,70 @@ class DeploymentState:
     def from_json(cls, data: Any) -> DeploymentState:
         """Raises ValueError naming the first bad field: a record that points at the wrong
         process is worse than none (it would make `down` signal a stranger, or pid 1)."""
-        if not isinstance(data, dict):
-            raise ValueError(f"expected an object, found {type(data).__name__}")
-        data = dict(data)
-        raw = data.pop("processes", [])
-        if not isinstance(raw, list):
-            raise ValueError("processes: expected a list")
-        procs = []
-        pfields = ProcessState.__dataclass_fields__
-        for i, p in enumerate(raw):
-            if not isinstance(p, dict):
-                raise ValueError(f"processes[{i}]: expected an object")
-            for key in ("pid", "start_time"):
-                v = p.get(key)
-                low = 2 if key == "pid" else 0
-                if v is not None and (type(v) is not int or v < low):
+        return cls.parse(json.dumps(data))
+
+    @classmethod
+    def parse(cls, text: str, deployment: str | None = None) -> DeploymentState:
+        """The record in ``text`` (JSON), every field of the type it must have (the schema
+        is these dataclasses, checked by pydantic, no coercion), of ``deployment`` (the
+        directory it was found in); ValueError naming the first bad field otherwise."""
+        state = parse_json_as(cls, text)
+        if deployment is not None and state.deployment != deployment:
+            raise ValueError(
+                f"deployment is {state.deployment!r}, in the directory of {deployment!r}"
+            )
+        for i, p in enumerate(state.processes):
+            for key, low in (("pid", 2), ("start_time", 0)):
+                v = getattr(p, key)
+                if v is not None and v < low:
                     raise ValueError(f"processes[{i}].{key} is {v!r}: not a valid {key}")
-            try:
-                procs.append(ProcessState(**{k: v for k, v in p.items() if k in pfields}))
-            except TypeError as exc:
-                raise ValueError(f"processes[{i}]: {exc}") from None
-        known = set(cls.__dataclass_fields__)
-        try:
-            return cls(**{k: v for k, v in data.items() if k in known}, processes=procs)
-        except TypeError as exc:
-            raise ValueError(str(exc)) from None
+            check_own_path(
+                f"processes[{i}].secrets_path", p.secrets_path, p.work_dir, state.deployment,
+                "run", f"{p.name}.secrets.env",
+            )  # fmt: skip
+        return state
+
+
+def _where(loc: Sequence[int | str]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def parse_json_as(kind: type[_T], text: str) -> _T:
+    """``text`` (JSON) as ``kind`` (a dataclass), strictly: an int where an int is declared,
+    not a string or a bool. ValueError naming the first bad field and its value."""
+    try:
+        return TypeAdapter(kind).validate_json(text, strict=True)
+    except ValidationError as exc:
+        e = exc.errors(include_url=False)[0]
+        where = _where(e["loc"])
+        found = repr(e.get("input"))
+        found = found if len(found) <= 60 else found[:57] + "..."
+        msg = e["msg"][:1].lower() + e["msg"][1:]
+        if e["type"] == "missing":
+            raise ValueError(f"{where}: missing") from None
+        raise ValueError(f"{where + ': ' if where else ''}{msg}, found {found}") from None
+
+
+def check_own_path(
+    what: str, path: str, work_dir: str, deployment: str, *parts: str
+) -> None:
+    """A path a record names for pdlaunch to write or delete must be the one the plan gives
+    it in the deployment's own work dir (``<base>/<deployment>/<parts>``): a record edited to
+    name another file must not make `down` delete it. ValueError saying so otherwise."""
+    if posixpath.basename(work_dir.rstrip("/")) != deployment:
+        raise ValueError(
+            f"{what}: the work dir {work_dir!r} is not a directory of deployment "
+            f"{deployment!r}; pdlaunch deletes files only in the deployment's own directories"
+        )
+    expected = posixpath.join(work_dir, *parts)
+    if path != expected:
+        raise ValueError(
+            f"{what} is {path!r}, not {expected!r}: pdlaunch deletes files only in the "
+            "deployment's own directories, so it does not delete that one"
+        )
 
 
 class StateError(Exception):
@@ -137,13 +184,14 @@ class StateError(Exception):
 def load_state(deployment: str) -> DeploymentState | None:
     path = deployment_dir(deployment) / STATE_FILE
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        json.loads(text)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
         raise StateError(f"cannot read the record {path}: {exc}") from None
     try:
-        return DeploymentState.from_json(data)
+        return DeploymentState.parse(text, deployment)
     except ValueError as exc:
         raise StateError(f"the record {path} is damaged: {exc}") from None
 

@@ -38,6 +38,7 @@ import jinja2
 from pdlaunch import __version__
 from pdlaunch.addresses import host_key
 from pdlaunch.devices import profile
+from pdlaunch.hosts.base import EXEC_OWNED
 from pdlaunch.plan import Plan, Process
 from pdlaunch.render import RenderedFile, comment, render_plan, shquote
 
@@ -306,9 +307,11 @@ def process_scripts(plan: Plan) -> list[RenderedFile]:
 
 
 # -- the driver -----------------------------------------------------------------------------------
-# Constant shell code (no plan value is ever spliced in): the node runner each engine step
-# starts. $1 the process script; $2 the visible-devices variable or -; $3 the plan's device
-# indices or -; $4 the plan's CPU binding or -.
+# Constant shell code (no plan value is ever spliced in): the node runner each step starts.
+# $1 the process script; $2 the visible-devices variable or -; $3 the plan's device indices
+# or -; $4 the plan's CPU binding or -. It runs the script only if it is still a file of the
+# job's user that nobody else can write (EXEC_OWNED, as over SSH): the job may wait in the
+# queue for hours, the work dir is on a shared file system.
 NODE_RUNNER = r"""set -eu
 script=$1 var=$2 devs=$3 bind=$4
 if [ "$var" != - ]; then
@@ -350,8 +353,8 @@ if [ "$bind" != - ]; then
     fi
     export PDLAUNCH_CPU_BIND
 fi
-exec "$script"
-"""
+s=$script
+""" + EXEC_OWNED + "\n"
 
 # `$1` host, `$2` port, `$3` path: exit 0 on HTTP 200. Bash's /dev/tcp (no curl on the node).
 HTTP_PROBE = r"""exec 3<>"/dev/tcp/$1/$2" || exit 1
@@ -456,7 +459,7 @@ fi
 {{ node_addr }}="${{ s.addr }}" srun{{ s.het }} --nodes=1 --ntasks=1 \
     --nodelist="${{ '{' }}{{ nodes(s.component) }}[{{ s.node }}]}" --overlap --export=ALL \
     --job-name={{ s.name | q }} --chdir={{ s.work_dir | q }} \
-    --output={{ s.log | q }} --open-mode=append \
+    --output={{ s.output | q }} --open-mode=append \
     bash -c "$pdl_node_runner" pdlaunch-node {{ s.script | q }} \
     {{ s.var | q }} {{ s.devs | q }} {{ s.bind | q }} &
 pdl_pids+=($!); pdl_names+=({{ s.name | q }})
@@ -470,7 +473,8 @@ pdl_wait {{ s.name | q }} "${pdl_pids[{{ loop.index0 }}]}" "${{ s.addr }}" \
 # The router, on the allocation's first node.
 srun{{ router.het }} --nodes=1 --ntasks=1 --nodelist="${{ '{' }}{{ nodes(0) }}[0]}" \
     --overlap --export=ALL --job-name=router --chdir={{ router.work_dir | q }} \
-    --output={{ router.log | q }} --open-mode=append {{ router.script | q }} &
+    --output={{ router.output | q }} --open-mode=append \
+    bash -c "$pdl_node_runner" pdlaunch-node {{ router.script | q }} - - - &
 pdl_pids+=($!); pdl_names+=(router)
 pdl_wait router "$!" "${{ router.addr }}" \
     {{ router.port | q }} {{ router.path | q }} {{ router.log | q }}
@@ -486,8 +490,13 @@ exit 1
 """
 
 
+def job_name(deployment: str) -> str:
+    """The name of every component of the deployment's job: `down` checks it before scancel."""
+    return f"pdlaunch-{deployment}"
+
+
 def _component_options(c: Component, plan: Plan, opts: SlurmOptions) -> list[str]:
-    out = [f"--job-name=pdlaunch-{plan.deployment}"]
+    out = [f"--job-name={job_name(plan.deployment)}"]
     roles = c.roles
     partition = opts.role_partitions.get(roles[0]) if len(roles) == 1 else None
     partition = partition or opts.partition
@@ -546,6 +555,7 @@ class _Step:
     work_dir: str
     script: str
     log: str
+    output: str  # the log as srun's --output filename pattern
     port: str
     path: str
     var: str = "-"
@@ -566,6 +576,7 @@ def _step(p: Process, c: Component, node: int, het: bool) -> _Step:
         work_dir=p.work_dir,
         script=p.script_path,
         log=p.log_path,
+        output=output_pattern(p.log_path),
         port=str(url.port) if url else "",
         path=url.path if url else "",
         var=var if var and var in p.env else "-",
@@ -574,14 +585,42 @@ def _step(p: Process, c: Component, node: int, het: bool) -> _Step:
     )
 
 
+def output_pattern(path: str) -> str:
+    """``path`` as an sbatch/srun ``--output`` value, which Slurm reads as a filename pattern:
+    a ``%`` there is escaped (``%%``) so the file lands at ``path``. A backslash would turn
+    every pattern off and is dropped by Slurm, so it is refused."""
+    if "\\" in path:
+        raise SlurmError(
+            f"{path!r}: a backslash in a log path is not kept by Slurm (--output); use a work "
+            "dir without one"
+        )
+    return path.replace("%", "%%")
+
+
 def job_dir(plan: Plan) -> str:
     """Where the driver script and its own log live: the router's work dir."""
     return plan.router.work_dir
 
 
-def driver_log(plan: Plan) -> str:
-    """The batch script's output (``%j``: Slurm puts the job id there)."""
-    return f"{job_dir(plan)}/logs/slurm-%j.log"
+def driver_log(plan: Plan, job_id: str | None = None) -> str:
+    """The batch script's output: the job's file once ``job_id`` is known, else the
+    ``--output`` pattern (``%j``: Slurm puts the job id there; the rest escaped)."""
+    if job_id is not None:
+        return f"{job_dir(plan)}/logs/slurm-{job_id}.log"
+    return f"{output_pattern(job_dir(plan))}/logs/slurm-%j.log"
+
+
+def check_paths(plan: Plan) -> None:
+    """Every path the job uses is absolute (each node must find it at the same place; a
+    relative one would be relative to wherever sbatch and srun start)."""
+    for p in plan.processes:
+        for path in (p.work_dir, p.script_path, p.log_path, p.secrets_path):
+            if not posixpath.isabs(path):
+                raise SlurmError(
+                    f"{p.name}: {path!r} is not an absolute path: under Slurm every node must "
+                    "find the work dir at the same path (set work_dir to one, e.g. on a shared "
+                    "file system)"
+                )
 
 
 def sbatch_script(plan: Plan, opts: SlurmOptions) -> str:
@@ -589,6 +628,7 @@ def sbatch_script(plan: Plan, opts: SlurmOptions) -> str:
     comps = components(plan)
     if not comps:
         raise SlurmError("the plan has no prefill or decode process to place")
+    check_paths(plan)
     het = len(comps) > 1
     sbatch = [_component_options(c, plan, opts) for c in comps]
     sbatch[0] += [f"--output={driver_log(plan)}", f"--chdir={job_dir(plan)}"]

@@ -11,31 +11,56 @@ commands (sbatch, squeue, sacct, scontrol, scancel), with the environment's ``SL
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit
 
 from pdlaunch import health
 from pdlaunch.backends import slurm
-from pdlaunch.fsutil import atomic_write
-from pdlaunch.launch.readiness import Outcome, wait_until
-from pdlaunch.plan import Plan, Process
-from pdlaunch.render import render_secrets
-from pdlaunch.state import (
-    SLURM_RECORD_FILE,
-    STATE_FILE,
-    DeploymentLock,
-    StateError,
-    deployment_dir,
+from pdlaunch.backends.slurm_files import (
+    check_dirs,
+    job_dirs,
+    remove_secrets,
+    write_job,
 )
+from pdlaunch.backends.slurm_record import (
+    FORMAT,
+    ProcessRecord,
+    SlurmRecord,
+    SlurmRunError,
+    by_hand,
+    current_user,
+    is_job_id,
+    load_record,
+    record_of,
+    record_path,
+    save_record,
+)
+from pdlaunch.fsutil import atomic_write
+from pdlaunch.interrupts import signals_ignored
+from pdlaunch.launch.readiness import Outcome, wait_until
+from pdlaunch.plan import Plan
+from pdlaunch.state import STATE_FILE, DeploymentLock, StateError, deployment_dir
 
-FORMAT = 1
+# What callers (the CLI, tests) reach through this module.
+__all__ = [
+    "FORMAT",
+    "ProcessRecord",
+    "SlurmRecord",
+    "SlurmRunError",
+    "check_dirs",
+    "job_dirs",
+    "load_record",
+    "record_of",
+    "record_path",
+    "remove_secrets",
+    "save_record",
+    "write_job",
+]
+
 # Job states in which the job still holds (or waits for) its nodes.
 ACTIVE = frozenset(
     {
@@ -52,10 +77,6 @@ ACTIVE = frozenset(
     }
 )
 GONE = "GONE"  # neither squeue nor sacct knows the job any more
-
-
-class SlurmRunError(Exception):
-    """A Slurm command failed or the job did not come up; the message is for users."""
 
 
 # -- Slurm commands -------------------------------------------------------------------------------
@@ -195,168 +216,7 @@ def job_info(job_id: str) -> JobInfo:
     return JobInfo(job_id, GONE, (), "none", f"unknown to squeue; sacct: {why}")
 
 
-# -- the record -----------------------------------------------------------------------------------
-@dataclass
-class ProcessRecord:
-    name: str
-    role: str
-    component: int
-    node: int  # index within the component's nodes
-    port: int | None
-    health_path: str | None
-    log_path: str
-    work_dir: str
-    script_path: str
-    secrets_path: str
-
-
-@dataclass
-class SlurmRecord:
-    deployment: str
-    job_id: str
-    script: str
-    driver_log: str
-    model: str
-    served_model_name: str
-    components: list[list[str]]  # per component: its topology hosts
-    processes: list[ProcessRecord]
-    status: str = "submitted"  # submitted | up | failed
-    submitted_at: float = field(default_factory=time.time)
-    updated_at: float = field(default_factory=time.time)
-    backend: str = "slurm"
-    format: int = FORMAT
-
-    def process(self, name: str) -> ProcessRecord | None:
-        return next((p for p in self.processes if p.name == name), None)
-
-    def by_role(self, role: str) -> list[ProcessRecord]:
-        return [p for p in self.processes if p.role == role]
-
-    @property
-    def work_dirs(self) -> list[str]:
-        return sorted({p.work_dir for p in self.processes})
-
-    @classmethod
-    def from_json(cls, data: Any) -> SlurmRecord:
-        if not isinstance(data, dict) or data.get("backend") != "slurm":
-            raise ValueError("not a pdlaunch Slurm record")
-        data = dict(data)
-        procs = [ProcessRecord(**p) for p in data.pop("processes", [])]
-        if not str(data.get("job_id", "")).isdigit():
-            raise ValueError(f"job_id {data.get('job_id')!r} is not a Slurm job id")
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known}, processes=procs)
-
-
-def record_path(deployment: str) -> Path:
-    return deployment_dir(deployment) / SLURM_RECORD_FILE
-
-
-def load_record(deployment: str) -> SlurmRecord | None:
-    path = record_path(deployment)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise StateError(f"cannot read the Slurm record {path}: {exc}") from None
-    try:
-        return SlurmRecord.from_json(data)
-    except (TypeError, ValueError) as exc:
-        raise StateError(f"the Slurm record {path} is damaged: {exc}") from None
-
-
-def save_record(rec: SlurmRecord) -> Path:
-    rec.updated_at = time.time()
-    d = deployment_dir(rec.deployment)
-    try:
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        atomic_write(
-            d / SLURM_RECORD_FILE, json.dumps(asdict(rec), indent=2, sort_keys=True) + "\n"
-        )
-    except OSError as exc:
-        raise StateError(f"cannot write the Slurm record in {d}: {exc}") from None
-    return d / SLURM_RECORD_FILE
-
-
-def record_of(plan: Plan, job_id: str) -> SlurmRecord:
-    """What the control host must remember of a submitted plan (pure)."""
-    comps = slurm.components(plan)
-    procs = []
-    for c in comps:
-        for p in c.processes:
-            procs.append(_process_record(p, c.index, c.node_of(p)))
-    procs.append(_process_record(plan.router, 0, 0))
-    return SlurmRecord(
-        deployment=plan.deployment,
-        job_id=job_id,
-        script=f"{slurm.job_dir(plan)}/{slurm.DRIVER_NAME}",
-        driver_log=slurm.driver_log(plan).replace("%j", job_id),
-        model=plan.model,
-        served_model_name=plan.served_model_name,
-        components=[list(c.hosts) for c in comps],
-        processes=procs,
-    )
-
-
-def _process_record(p: Process, component: int, node: int) -> ProcessRecord:
-    url = urlsplit(p.health_url) if p.health_url else None
-    return ProcessRecord(
-        name=p.name,
-        role=p.role,
-        component=component,
-        node=node,
-        port=url.port if url else None,
-        health_path=url.path if url else None,
-        log_path=p.log_path,
-        work_dir=p.work_dir,
-        script_path=p.script_path,
-        secrets_path=p.secrets_path,
-    )
-
-
 # -- submit ---------------------------------------------------------------------------------------
-def _secrets(plan: Plan, environ: dict[str, str]) -> dict[str, dict[str, str]]:
-    """Process name -> {variable: value} read here, on the control host (as `up` does)."""
-    missing = sorted(
-        {src for p in plan.processes for src in p.secret_env.values() if src not in environ}
-    )
-    if missing:
-        raise SlurmRunError(
-            f"secret variable(s) {', '.join(missing)} are not set in this shell: export them "
-            "before submitting (their values go to mode-0600 files in the work dir, never "
-            "into the job script)"
-        )
-    return {
-        p.name: {var: environ[src] for var, src in p.secret_env.items()}
-        for p in plan.processes
-        if p.secret_env
-    }
-
-
-def write_job(plan: Plan, opts: slurm.SlurmOptions, environ: dict[str, str] | None = None) -> Path:
-    """Write every file the job needs where the plan puts it (each process's work dir, which
-    the nodes must share); returns the driver script's path."""
-    files = {f.name: f for f in slurm.render_job(plan, opts)}
-    secrets = _secrets(plan, dict(os.environ if environ is None else environ))
-    try:
-        for p in plan.processes:
-            for d in p.dirs:
-                Path(d).mkdir(mode=0o700, parents=True, exist_ok=True)
-            log = Path(p.log_path)
-            if log.exists():
-                log.replace(log.with_name(log.name + ".prev"))
-            atomic_write(p.script_path, files[f"{p.name}.sh"].content, 0o755)
-            if p.name in secrets:
-                atomic_write(p.secrets_path, render_secrets(secrets[p.name]), 0o600)
-        driver = Path(slurm.job_dir(plan)) / slurm.DRIVER_NAME
-        Path(slurm.driver_log(plan)).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        atomic_write(driver, files[slurm.DRIVER_NAME].content, 0o755)
-    except OSError as exc:
-        raise SlurmRunError(f"cannot write the job's files: {exc}") from None
-    return driver
-
-
 def _refuse_if_running(deployment: str) -> None:
     if (deployment_dir(deployment) / STATE_FILE).is_file():
         raise SlurmRunError(
@@ -374,14 +234,28 @@ def _refuse_if_running(deployment: str) -> None:
 
 
 def submit(plan: Plan, opts: slurm.SlurmOptions, environ: dict[str, str] | None = None) -> str:
-    """Write the job's files, ``sbatch --parsable`` the driver, record the job; the job id."""
+    """Write the job's files, ``sbatch --parsable`` the driver, record the job; the job id.
+    Whatever fails before the job is recorded (sbatch refusing it, an interrupt, the record
+    not written) removes the secrets files first; a job sbatch accepted but that could not be
+    recorded is cancelled."""
     _refuse_if_running(plan.deployment)
     driver = write_job(plan, opts, environ)
-    out = _out(["sbatch", "--parsable", str(driver)], timeout=60).strip()
-    job_id = out.split(";", 1)[0]
-    if not job_id.isdigit():
-        raise SlurmRunError(f"sbatch answered {out!r}, not a job id")
-    save_record(record_of(plan, job_id))
+    job_id = ""
+    try:
+        out = _out(["sbatch", "--parsable", str(driver)], timeout=60).strip()
+        job_id = out.split(";", 1)[0]
+        if not is_job_id(job_id):
+            raise SlurmRunError(f"sbatch answered {out!r}, not a job id")
+        save_record(record_of(plan, job_id))
+    except BaseException:
+        with signals_ignored():
+            remove_secrets(plan)
+            if is_job_id(job_id):
+                # Accepted but not recorded: nothing could find it later. Only our job of
+                # this name is cancelled (the filters make scancel skip any other).
+                with contextlib.suppress(SlurmRunError):
+                    run_slurm(_scancel_argv(plan.deployment, job_id))
+        raise
     return job_id
 
 
@@ -399,6 +273,12 @@ def sbatch_test_only(plan: Plan, opts: slurm.SlurmOptions, directory: Path) -> s
 
 
 # -- health ---------------------------------------------------------------------------------------
+def one_line(exc: BaseException) -> str:
+    """``Type: message`` on one line (an exception may quote a peer's bytes, newlines too)."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+
+
 def _url_host(addr: str) -> str:
     return f"[{addr}]" if ":" in addr else addr
 
@@ -476,7 +356,10 @@ def wait_healthy(
         url = health_url(rec, urls, p.name)
 
         def probe(t: float, url: str | None = url) -> tuple[bool, str]:
-            r = health.probe(url, timeout=t) if url else health.Probe(True)
+            try:
+                r = health.probe(url, timeout=t) if url else health.Probe(True)
+            except Exception as exc:  # an answer that is not HTTP: unhealthy, said where
+                return False, f"{url}: {one_line(exc)}"
             return r.ok, r.describe()
 
         outcome = wait_until(
@@ -507,17 +390,30 @@ def run_canary(rec: SlurmRecord, urls: dict[str, str], timeout: float = 120.0):
     )
 
 
+def _open_log(path: str):
+    """A log for reading, never through a link (pdlaunch makes none: one there was planted,
+    and could point at any file of the user's)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    return os.fdopen(fd, "rb")
+
+
+def _why(path: str, exc: OSError) -> str:
+    if os.path.islink(path):
+        return f"{path} is a symbolic link; not read"
+    return f"cannot read {path}: {exc.strerror}"
+
+
 def tail(path: str, lines: int = 30) -> str:
     if lines <= 0:
         return ""  # [-0:] would be the whole file
     try:
-        with open(path, "rb") as f:
+        with _open_log(path) as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(0, size - 64 * 1024))
             data = f.read().decode("utf-8", errors="replace")
     except OSError as exc:
-        return f"(cannot read {path}: {exc.strerror})"
+        return f"({_why(path, exc)})"
     return "\n".join(data.splitlines()[-lines:])
 
 
@@ -544,47 +440,94 @@ def up(
     on_step: Callable[[str], None] = lambda msg: None,
 ) -> UpResult:
     """Submit, wait for every process's health, send the PD canary; on any failure cancel
-    the job (and wait until Slurm says it is gone) and say why, with the logs' tails."""
+    the job (and wait until Slurm says it is gone) and say why, with the logs' tails. Any
+    exception after the submit (an interrupt, an engine answering garbage, a bug) cancels
+    the job too, like `up`'s rollback over SSH: an interrupt is raised again once the job is
+    gone, anything else becomes the failure's message."""
     t0 = time.monotonic()
     with DeploymentLock(plan.deployment, "slurm up"):
         on_step("submitting the job")
         job_id = submit(plan, opts, environ)
-        rec = load_record(plan.deployment)
-        assert rec is not None  # submit() has just written it
-        on_step(f"job {job_id}: waiting for the allocation and for health")
-        failure = None
         result = UpResult(False, job_id, "")
+        rec: SlurmRecord | None = None
         try:
-            urls, outcomes = wait_healthy(rec, timeout)
-            result.outcomes = {k: f"{v.status}: {v.detail}" for k, v in outcomes.items()}
-            bad = [(k, v) for k, v in outcomes.items() if not v.ready]
-            if bad or "router" not in outcomes:
-                name, o = bad[0] if bad else ("router", Outcome("not started"))
-                failure = f"{name} is not healthy ({o.status}: {o.detail})"
-            else:
-                result.healthy_s = round(time.monotonic() - t0, 2)
-                result.endpoint = urls["router"]
-                if canary:
-                    on_step("canary request through the router")
-                    result.canary = run_canary(rec, urls, canary_timeout)
-                    if not result.canary.ok:
-                        failure = f"canary failed: {result.canary.message}"
-        except SlurmRunError as exc:
+            rec = load_record(plan.deployment)
+            if rec is None:
+                raise SlurmRunError(f"the record of job {job_id} vanished")
+            on_step(f"job {job_id}: waiting for the allocation and for health")
+            failure = _bring_up(rec, result, t0, timeout, canary, canary_timeout, on_step)
+            if failure is None:
+                rec.status = "up"
+                save_record(rec)
+                result.ok = True
+                result.message = f"{plan.deployment} is up as Slurm job {job_id}"
+                return result
+        except (SlurmRunError, StateError) as exc:
             failure = str(exc)
-        if failure is None:
-            rec.status = "up"
-            save_record(rec)
-            result.ok = True
-            result.message = f"{plan.deployment} is up as Slurm job {job_id}"
-            return result
-        result.logs = {p.name: tail(p.log_path) for p in rec.processes}
-        result.logs["driver"] = tail(rec.driver_log)
-        on_step(f"failed: {failure}; cancelling job {job_id}")
-        stopped = _cancel(rec, timeout=120.0)
-        rec.status = "failed"
-        save_record(rec)
+        except Exception as exc:  # whatever it was, the job must not stay
+            failure = f"unexpected {one_line(exc)}"
+        except BaseException:
+            with signals_ignored():
+                _roll_back(plan, rec or record_of(plan, job_id), job_id)
+            raise
+        with signals_ignored():
+            stopped = _roll_back(plan, rec or record_of(plan, job_id), job_id, result, on_step,
+                                 failure)  # fmt: skip
         result.message = f"{failure} (job {job_id} {stopped})"
         return result
+
+
+def _bring_up(
+    rec: SlurmRecord,
+    result: UpResult,
+    t0: float,
+    timeout: float,
+    canary: bool,
+    canary_timeout: float,
+    on_step: Callable[[str], None],
+) -> str | None:
+    """Wait for health, then the canary, filling ``result``; the failure, or None."""
+    urls, outcomes = wait_healthy(rec, timeout)
+    result.outcomes = {k: f"{v.status}: {v.detail}" for k, v in outcomes.items()}
+    bad = [(k, v) for k, v in outcomes.items() if not v.ready]
+    if bad or "router" not in outcomes:
+        name, o = bad[0] if bad else ("router", Outcome("not started"))
+        return f"{name} is not healthy ({o.status}: {o.detail})"
+    result.healthy_s = round(time.monotonic() - t0, 2)
+    result.endpoint = urls["router"]
+    if canary:
+        on_step("canary request through the router")
+        result.canary = run_canary(rec, urls, canary_timeout)
+        if not result.canary.ok:
+            return f"canary failed: {result.canary.message}"
+    return None
+
+
+def _roll_back(
+    plan: Plan,
+    rec: SlurmRecord,
+    job_id: str,
+    result: UpResult | None = None,
+    on_step: Callable[[str], None] = lambda msg: None,
+    failure: str = "interrupted",
+) -> str:
+    """Cancel the job (proven gone), remove the secrets files, keep the record as failed
+    (`down` forgets it); the logs' tails into ``result``. What happened to the job, in
+    words; a job that could not be cancelled says so (the record stays for `down`)."""
+    if result is not None:
+        result.logs = {p.name: tail(p.log_path) for p in rec.processes}
+        result.logs["driver"] = tail(rec.driver_log)
+    on_step(f"failed: {failure}; cancelling job {job_id}")
+    try:
+        stopped = _cancel(rec, timeout=120.0)
+    except SlurmRunError as exc:
+        stopped = f"NOT cancelled: {exc}; run `pdlaunch down {plan.deployment}`"
+    else:
+        remove_secrets(plan)
+    rec.status = "failed"
+    with contextlib.suppress(StateError):
+        save_record(rec)
+    return stopped
 
 
 # -- status, logs, down ---------------------------------------------------------------------------
@@ -617,9 +560,15 @@ def _need_record(deployment: str) -> SlurmRecord:
 
 
 def status(deployment: str) -> Status:
-    """The job as Slurm sees it, and every process's health on its node."""
+    """The job as Slurm sees it, and every process's health on its node; SlurmRunError when
+    the job the record names is another's (its state would be shown as this deployment's)."""
     rec = _need_record(deployment)
     info = job_info(rec.job_id)
+    if info.active and (why := not_ours(rec)):
+        raise SlurmRunError(
+            f"the record {record_path(deployment)} names job {rec.job_id}, which is not this "
+            f"deployment's job ({why}). {by_hand(deployment, record_path(deployment))}"
+        )
     urls: dict[str, str] = {}
     if info.running:
         urls = endpoints(rec, info)
@@ -645,9 +594,10 @@ def logs(deployment: str, name: str, lines: int | None = None) -> str:
     if lines is not None:
         return tail(paths[name], lines)
     try:
-        return Path(paths[name]).read_text(errors="replace")
+        with _open_log(paths[name]) as f:
+            return f.read().decode("utf-8", errors="replace")
     except OSError as exc:
-        raise SlurmRunError(f"cannot read {paths[name]}: {exc.strerror}") from None
+        raise SlurmRunError(_why(paths[name], exc)) from None
 
 
 def processes_under(roots: Sequence[str]) -> list[tuple[int, str]]:
@@ -673,9 +623,46 @@ def processes_under(roots: Sequence[str]) -> list[tuple[int, str]]:
     return found
 
 
+def _scancel_argv(deployment: str, job_id: str) -> list[str]:
+    # scancel applies its filters to the job id given: a job of another name or user is left.
+    return ["scancel", f"--name={slurm.job_name(deployment)}", f"--user={current_user()}", job_id]
+
+
+def not_ours(rec: SlurmRecord) -> str | None:
+    """Why the job the record names is not this deployment's job (its name, owner or work
+    dir as squeue shows them differ), or None: it is ours, or squeue no longer holds it."""
+    res = run_slurm(["squeue", "-h", "-j", rec.job_id, "-o", "%i|%j|%u|%Z"])
+    if res.returncode != 0:
+        return None  # an unknown job id: nothing to cancel
+    want = (rec.job_name, current_user())
+    for line in res.stdout.splitlines():
+        parts = line.strip().split("|", 3)
+        if len(parts) != 4:
+            continue
+        jid, name, user, work = parts
+        if jid.split("+")[0] != rec.job_id:
+            continue
+        first = "+" not in jid or jid.endswith("+0")
+        if (name, user) != want or (first and work.rstrip("/") != rec.job_dir.rstrip("/")):
+            return (
+                f"job {jid} is {name!r} of user {user} in {work}, not {want[0]!r} of {want[1]} "
+                f"in {rec.job_dir}"
+            )
+    return None
+
+
 def _cancel(rec: SlurmRecord, timeout: float) -> str:
-    """scancel, then poll until Slurm no longer holds the job; what happened, in words."""
-    res = run_slurm(["scancel", rec.job_id])
+    """scancel the job once squeue shows it is this deployment's (name, owner, work dir),
+    then poll until Slurm no longer holds it; what happened, in words. SlurmRunError when the
+    record names another job (nothing is cancelled then)."""
+    why = not_ours(rec)
+    if why:
+        raise SlurmRunError(
+            f"the record {record_path(rec.deployment)} names job {rec.job_id}, which is not "
+            f"this deployment's job ({why}); it was not cancelled. "
+            f"{by_hand(rec.deployment, record_path(rec.deployment))}"
+        )
+    res = run_slurm(_scancel_argv(rec.deployment, rec.job_id))
     deadline = time.monotonic() + timeout
     while True:
         info = job_info(rec.job_id)
@@ -723,6 +710,8 @@ def down(deployment: str, *, timeout: float = 120.0, settle: float = 15.0) -> Do
                 f"{', '.join(rec.work_dirs)}",
                 left,
             )
+        # The record's paths were checked on read (`SlurmRecord.parse`): each secrets file
+        # is in the deployment's own run dir, so nothing else is deleted here.
         for p in rec.processes:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(p.secrets_path)

@@ -8,10 +8,14 @@ topology, or the scripts as uploaded when it no longer plans), per process ``log
 (per host) and ``check.json`` when the caller ran ``pdlaunch check --json``.
 
 Redaction is one choke point: every member's text goes through :class:`Redactor` on its way
-into the archive. It replaces the values of the ``${env:VAR}`` secrets the topology references
-(read from the control host's environment, as ``up`` reads them) and anything shaped like a
-credential (Hugging Face, OpenAI, GitHub, Slack and AWS tokens, ``Bearer``, ``token=``,
-``password=``, long keys after ``key=``, passwords in URLs, private key blocks).
+into the archive. It replaces the values of the ``${env:VAR}`` secrets (the names recorded by
+`up` in the state, and those the topology references when it is still there, read from the
+control host's environment as ``up`` reads them), the values given to secret-bearing flags and
+keys (``--api-key VALUE``, ``--api-key=VALUE``, ``["--api-key", "VALUE"]``,
+``{"api_key": "VALUE"}``: found in every member first, then replaced wherever they stand), and
+anything shaped like a credential (Hugging Face, OpenAI, GitHub, Slack and AWS tokens,
+``Authorization:`` headers, ``Bearer``, ``token=``, ``password=``, long keys after ``key=``,
+passwords in URLs, an empty user's too, private key blocks).
 """
 
 from __future__ import annotations
@@ -43,8 +47,28 @@ SECRET_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 _KEEP = r"(?!\$\{|\[REDACTED\])"  # a reference or an earlier redaction is not a secret
 # plan.json maps a secret's variable to the control host's: "HF_TOKEN": "HF_TOKEN" is a name.
 _NAMES_A_VARIABLE = r"(?![A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIALS?)\b)"
-_SEP = r"""(?:["']\s*[:=]\s*["']?|\s*=\s*["']?|\s*:\s+["']?)"""
-TOKEN_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+_SEP = r"""(?:["']\s*[:=]\s*["']?|\s*=\s*["']?|\s*:\s+["']?)(?:Some\(["']?)?"""
+# What names a credential in a flag or key: ``--api-key``, ``api_key``, ``--hf-token``,
+# ``HF_TOKEN``, ``db_password`` (``tokens``, ``tokenizer`` or ``max_tokens`` do not).
+_CRED = r"(?:token|secret|passw(?:or)?d|passphrase|api[_-]?key|access[_-]?key|credentials?)"
+_VALUE = r"[^\s\"',;&{}()\[\]]+"
+# A secret-bearing flag and the value after it: ``--api-key VALUE`` (argv, shell, log lines),
+# ``"--api-key", "VALUE"`` (JSON or Python lists, over lines too). The ``=``/``:`` forms are
+# the key pattern's. A value that is the next flag, a reference or a redaction is left.
+FLAG_VALUE = re.compile(
+    r"(?i)(--?[a-z0-9_-]*" + _CRED + r"""["']?(?:\s+["']?|\s*,\s*["']))"""
+    + r"(?!-|\$|\[REDACTED\])" + _NAMES_A_VARIABLE + "(" + _VALUE + ")"
+)
+KEY_VALUE = re.compile(
+    r"(?i)(" + _CRED + _SEP + r")" + _KEEP + _NAMES_A_VARIABLE + "(" + _VALUE + ")"
+)
+# ``Authorization: Basic dXNlcjpw``, ``'Authorization': 'Bearer x'``: the scheme stays.
+AUTH_HEADER = re.compile(
+    r"""(?i)\b((?:proxy-)?authorization["']?\s*[:=]\s*["']?)"""
+    r"(?:(basic|bearer|digest|negotiate|token)\s+)?"
+    r"(?!\[REDACTED\]|(?:basic|bearer|digest|negotiate|token)\b)([^\s\"',;]+)"
+)
+TOKEN_PATTERNS: tuple[tuple[re.Pattern[str], Any], ...] = (
     (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"),
      REDACTED),
     (re.compile(r"\bhf_[A-Za-z0-9]{20,}"), REDACTED),
@@ -52,20 +76,20 @@ TOKEN_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}"), REDACTED),
     (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"), REDACTED),
     (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), REDACTED),
+    (AUTH_HEADER, lambda m: m.group(1) + (m.group(2) + " " if m.group(2) else "") + REDACTED),
     (re.compile(r"(?i)\b(bearer)\s+" + _KEEP + r"[A-Za-z0-9._~+/=-]{8,}"), r"\1 " + REDACTED),
     # key=value, key: value, "key": "value" where the key names a credential (HF_TOKEN=...,
     # "password": ...); a bare ':' must be followed by a space, so that shell's ${TOKEN:?msg}
     # in the rendered scripts stays intact.
-    (re.compile(
-        r"(?i)((?:token|secret|passw(?:or)?d|api[_-]?key|access[_-]?key|credentials?)"
-        + _SEP + r")" + _KEEP + _NAMES_A_VARIABLE + r"[^\s\"',;&{}()\[\]]+"
-    ), r"\1" + REDACTED),
+    (KEY_VALUE, r"\1" + REDACTED),
+    (FLAG_VALUE, r"\1" + REDACTED),
     # any other *key=: only what looks like key material (long hex or base64)
     (re.compile(
         r"(?i)(key" + _SEP + r")" + _KEEP
         + r"(?:[A-Fa-f0-9]{32,}|[A-Za-z0-9+/_-]{24,}={0,2})"
     ), r"\1" + REDACTED),
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s/:@]+:)[^\s/@]+@"), r"\1" + REDACTED + "@"),
+    # scheme://user:pw@host, and scheme://:pw@host (a password with no user).
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s/:@]*:)[^\s/@]+@"), r"\1" + REDACTED + "@"),
 )  # fmt: skip
 
 
@@ -93,12 +117,32 @@ class Redactor:
 
 def secret_names(topology_text: str | None, state: DeploymentState | None = None) -> list[str]:
     """Every variable a ``${env:VAR}`` reference names in the topology, wherever it stands
-    (a misplaced one is still somebody's secret)."""
+    (a misplaced one is still somebody's secret), and those `up` recorded in the state (the
+    topology file may have moved since)."""
     names = set(SECRET_REF.findall(topology_text or ""))
     if state is not None:
+        names.update(state.secret_names)
         for text in state.scripts.values():
             names.update(SECRET_REF.findall(text))
     return sorted(names)
+
+
+def flagged_values(texts: Iterable[str]) -> set[str]:
+    """The values given to secret-bearing flags and keys anywhere in ``texts``, so that each
+    is redacted wherever else it stands too (a log line echoing it bare, a JSON string).
+    Short ones, numbers and booleans are left to the patterns: replaced everywhere, they
+    would take ordinary words out of every member."""
+    found: set[str] = set()
+    for text in texts:
+        for pattern in (FLAG_VALUE, KEY_VALUE):
+            for m in pattern.finditer(text):
+                value = m.group(2)
+                if len(value) >= 6 and not _ORDINARY.fullmatch(value):
+                    found.add(value)
+    return found
+
+
+_ORDINARY = re.compile(r"(?i)\d+|true|false|none|null|\[REDACTED\]")
 
 
 def secret_values(names: Iterable[str], env: Mapping[str, str]) -> list[str]:
@@ -192,8 +236,9 @@ def write_bundle(
     if topology is not None and topology.plan is not None:
         planned = {v for p in topology.plan.processes for v in p.secret_env.values()}
         names = sorted(set(names) | planned)
-    redact = Redactor(secret_values(names, env))
     files, notes = members(state, evidence, findings, topology, check_json)
+    flagged = flagged_values(text for _, text in files)
+    redact = Redactor([*secret_values(names, env), *flagged])
     created = evidence.collected_at or time.time()
     manifest = {
         "format": FORMAT,

@@ -30,9 +30,13 @@ vllm-router, UCX and PyTorch, and each regex against real log lines (`tests/fixt
 
 The debug bundle (`doctor.write_bundle`) holds the topology, plan, rendered scripts, findings,
 log tails, metrics, per-host versions (vLLM, NIXL, UCX, torch, plugins) and `check --json`
-output. Values of the topology's `${env:VAR}` secrets and token-like strings (Hugging Face,
-OpenAI, GitHub, Slack, AWS keys, `Bearer`, `token=`, `password=`, long keys after `key=`,
-passwords in URLs, private keys) are replaced by `[REDACTED]` in every file.
+output. Values of the `${env:VAR}` secrets (by the names `up` recorded, so a topology that
+moved does not matter), values given to secret-bearing flags and keys in any form
+(`--api-key V`, `--api-key=V`, `["--api-key", "V"]`, `{"api_key": "V"}`, log lines; each
+then redacted wherever else it stands) and token-like strings (Hugging Face, OpenAI, GitHub,
+Slack, AWS keys, `Authorization:` headers, `Bearer`, `token=`, `password=`, long keys after
+`key=`, passwords in URLs with or without a user, private keys) are replaced by `[REDACTED]`
+in every file. A log that is a symbolic link is not read into the bundle.
 """
 
 

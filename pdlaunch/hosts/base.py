@@ -118,18 +118,22 @@ def sh_quote_path(path: str) -> str:
     return shlex.quote(path)
 
 
+# Exec the script in $s only if it is a file (not a link) owned by the running user and
+# writable by nobody else; exit 96 otherwise. Constant sh text: the SSH start command and the
+# Slurm node runner (pdlaunch.backends.slurm) both end with it.
+EXEC_OWNED = (
+    'if [ -L "$s" ] || [ ! -f "$s" ] || [ "$(stat -c %u -- "$s")" != "$(id -u)" ]; then '
+    'echo "pdlaunch: refusing to run $s: not a file owned by $(id -un)" >&2; exit 96; fi; '
+    'case $(stat -c %a -- "$s") in *[2367]?|*[2367]) '
+    'echo "pdlaunch: refusing to run $s: writable by others" >&2; exit 96;; esac; '
+    'exec "$s"'
+)
+
+
 def exec_owned_script(script: str) -> str:
     """Exec the script only if it is still ours and nobody else could have changed it since
     the upload (the work dir is checked too, but a script is what runs with our rights)."""
-    q = sh_quote_path(script)
-    return (
-        f"s={q}; "
-        'if [ -L "$s" ] || [ "$(stat -c %u -- "$s")" != "$(id -u)" ]; then '
-        'echo "pdlaunch: refusing to run $s: not a file owned by $(id -un)" >&2; exit 96; fi; '
-        'case $(stat -c %a -- "$s") in *[2367]?|*[2367]) '
-        'echo "pdlaunch: refusing to run $s: writable by others" >&2; exit 96;; esac; '
-        'exec "$s"'
-    )
+    return f"s={sh_quote_path(script)}; {EXEC_OWNED}"
 
 
 def _check_pid(pid: int) -> int:
@@ -309,7 +313,9 @@ _put() {  # $1=path $2=mode (octal) $3=size
     rm -f -- "$_t"; return 1
 }
 _keep() {  # $1=path: renamed to PATH.prev if it exists (a log starts afresh; the old one stays)
-    if [ -f "$1" ]; then mv -f -- "$1" "$1.prev" || return 1; fi; return 0
+    # A link there (dangling too) is removed: the start appends to this path, never through one.
+    if [ -L "$1" ]; then rm -f -- "$1" || return 1
+    elif [ -f "$1" ]; then mv -f -- "$1" "$1.prev" || return 1; fi; return 0
 }
 """
 
@@ -614,7 +620,13 @@ class Host(ABC):
     def read_log(self, path: str, lines: int = 50) -> str:
         """The last ``lines`` lines of a file (``""`` if it does not exist)."""
         q = sh_quote_path(path)
-        res = self._exec(f"[ -e {q} ] || exit 0; tail -n {int(lines)} -- {q}", timeout=60)
+        # pdlaunch never makes a log a link: one there is not followed (it could point at any
+        # file of the login user, and doctor's bundle is meant to be shared).
+        res = self._exec(
+            f"if [ -L {q} ]; then echo 'is a symbolic link; not read' >&2; exit 3; fi; "
+            f"[ -e {q} ] || exit 0; tail -n {int(lines)} -- {q}",
+            timeout=60,
+        )
         if res.rc != 0:
             raise HostError(
                 f"{self.name}: cannot read {path}: {res.stderr.strip()}", host=self.name

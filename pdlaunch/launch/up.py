@@ -377,6 +377,8 @@ def _reconcile(
         endpoint=plan.endpoint(),
         served_model_name=plan.served_model_name,
         processes=[process_state(p, by_name[f"{p.name}.sh"]) for p in plan.processes],
+        # Names only: doctor's bundle redacts their values even if the topology moves.
+        secret_names=sorted({v for p in plan.processes for v in p.secret_env.values()}),
     )
     if not found.alive and not found.strangers:
         if old is not None:

@@ -312,3 +312,106 @@ def test_rendered_files_of_shipped_topologies_pass_unchanged(name):
     redact = Redactor()
     for f in render_plan(build_plan(topo)):
         assert redact(f.content) == f.content, f.name
+
+
+# -- secret-bearing flags, URLs, headers, moved topologies, links (issue 26) -------------------
+KEY = "k3y-" + "Qx7" * 6  # an API key with no token shape: only its flag says it is one
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"vllm serve m --api-key {KEY} --port 8000",
+        f"exec vllm serve m --api-key '{KEY}' \\\n  --port 8000",
+        f"--api-key={KEY}",
+        f'["vllm", "serve", "--api-key",\n    "{KEY}", "--port", "8000"]',
+        f"argv: ['--api-key', '{KEY}']",
+        f'{{"--api-key": "{KEY}"}}',
+        f"non-default args: {{'api_key': '{KEY}', 'port': 8000}}",
+        f"(APIServer pid=7) INFO args: Namespace(api_key='{KEY}', port=8000)",
+        f'router config: api_key: Some("{KEY}")',
+        f"--hf-token {KEY}",
+        f"redis://:{KEY}@cache:6379/0",
+        f"https://user:{KEY}@example.com/x",
+        f"Authorization: Basic {KEY}",
+        f"curl -H 'Authorization: Bearer {KEY}' http://x",
+        f"{{'Authorization': 'Token {KEY}'}}",
+        f"Proxy-Authorization: Digest {KEY}",
+    ],
+)
+def test_secret_bearing_flags_urls_and_headers_are_redacted(text):
+    out = Redactor()(text)
+    assert KEY not in out and REDACTED in out, out
+
+
+def test_flag_values_are_redacted_wherever_else_they_stand(tmp_path):
+    """A key given as a flag in the recorded script is redacted bare in a log line too."""
+    state = DeploymentState("flags", "", "", "", "tiny")
+    state.scripts = {"router.sh": f"exec vllm-router --api-key {KEY} --port 8000\n"}
+    logs = tmp_path / "router.log"
+    logs.write_text(f"client sent key {KEY}\nrouter listening on 0.0.0.0:8000\n")
+    state.processes = [process("router", "router", logs, None, [])]
+    with HostPool() as pool:
+        path = doctor.write_bundle(tmp_path / "b.tar.gz", state, pool, versions=False, env={})
+    files = read_tar(path)
+    assert all(KEY not in text for text in files.values())
+    assert files["logs/router.log"] == (
+        f"client sent key {REDACTED}\nrouter listening on 0.0.0.0:8000\n"
+    )
+
+
+def test_ordinary_flags_and_urls_stay():
+    kept = ("--max-num-batched-tokens 2048", "--tokenizer /models/x", "--api-key $API_KEY",
+            "--api-key --port 8000", "http://127.0.0.1:8000/v1", "http://[::1]:8000/health",
+            "Authorization: Bearer [REDACTED]", "--hf-token [REDACTED]",
+            "scheme://host/path@ref")  # fmt: skip
+    redact = Redactor()
+    assert [redact(t) for t in kept] == list(kept)
+
+
+def test_secret_names_recorded_at_up_redact_after_the_topology_moved(tmp_path, metrics_server):
+    planted = Planted()
+    state = deployment(tmp_path, planted, metrics_server)
+    state.secret_names = [SECRET_ENV]
+    Path(state.topology).rename(tmp_path / "moved.yaml")
+    with HostPool() as pool:
+        path = doctor.write_bundle(
+            tmp_path / "b.tar.gz", state, pool, versions=False, env={SECRET_ENV: planted.secret}
+        )
+    files = read_tar(path)
+    assert "topology.yaml" not in files
+    assert all(planted.secret not in text for text in files.values())
+    assert REDACTED in files["logs/decode-0.log"]
+    # The state in the bundle keeps the name, never a value.
+    assert json.loads(files["state.json"])["secret_names"] == [SECRET_ENV]
+
+
+def test_a_log_that_is_a_link_is_not_read_into_the_bundle(tmp_path, metrics_server):
+    state = deployment(tmp_path, Planted(), metrics_server)
+    private = tmp_path / "id_ed25519"
+    private.write_text("private notes of the user " + secrets.token_hex(8) + "\n")
+    log = Path(state.process("router").log_path)
+    log.unlink()
+    log.symlink_to(private)
+    with HostPool() as pool:
+        path = doctor.write_bundle(tmp_path / "b.tar.gz", state, pool, versions=False, env={})
+    files = read_tar(path)
+    assert "logs/router.log" not in files
+    assert "symbolic link" in files["logs/router.error"]
+    assert all("private notes" not in text for text in files.values())
+
+
+def test_no_value_in_shipped_plans_or_real_logs_is_taken_for_a_flagged_secret():
+    """Values found after secret-bearing flags are redacted everywhere in the bundle: none may
+    come from ordinary settings or log lines (each would vanish from every member)."""
+    from pdlaunch.doctor.bundle import flagged_values
+    from pdlaunch.render import plan_json
+
+    texts = [(FIXTURES / n).read_text() for n in ("prefill-0.log", "decode-0.log", "router.log")]
+    for entry in yaml.safe_load((FIXTURES / "lines.yaml").read_text()).values():
+        texts += entry["real"] + entry["near_miss"]
+    for path in sorted((ROOT / "topologies").glob("*.yaml")):
+        plan = build_plan(load_text(path.read_text(), path.name)[0])
+        texts += [path.read_text(), plan_json(plan), *(f.content for f in render_plan(plan))]
+    assert flagged_values(texts) == set()
+    assert flagged_values([f"--api-key {KEY}", "--api-key 1234567"]) == {KEY}

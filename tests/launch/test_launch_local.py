@@ -426,13 +426,17 @@ def test_doctor_names_a_known_failure_and_bundles_without_secrets(
     assert not [f for f in json.loads(res.stdout)["findings"] if f["severity"] == "error"]
     # vLLM 0.32's message for a block-size mismatch (tests/fixtures/doctor/lines.yaml), as a
     # decode would log it, plus the secret leaking into a log line
-    log = load_state("doctor").process("decode-0").log_path
+    state = load_state("doctor")
+    assert state.secret_names == [SECRET_ENV]  # the name, recorded at up; never the value
+    log = state.process("decode-0").log_path
     with open(log, "a") as f:
         f.write(
             "(EngineCore pid=22775) ERROR 11-23 10:33:34 [base_worker.py:1354] AssertionError: "
             "Local block size 16 is not divisible by remote block size 32 or vice versa.\n"
-            f"token is {secret}\n"
+            f"token is {secret}\nloaded {secret}\n"
         )
+    # The topology moves away: the recorded names still say what to redact.
+    dep.path.rename(tmp_path / "moved.yaml")
     bundle = tmp_path / "bundle.tar.gz"
     res = cli("doctor", dep.name, "--bundle", bundle, "--json")
     assert res.exit_code == 1, res.output
@@ -446,4 +450,21 @@ def test_doctor_names_a_known_failure_and_bundles_without_secrets(
         assert any(m.name.endswith("decode-0.log") for m in members), [m.name for m in members]
         for m in members:
             assert secret.encode() not in tar.extractfile(m).read(), m.name
+    assert cli("down", dep.name).exit_code == 0
+
+
+def test_a_link_at_a_log_path_is_removed_not_appended_through(make_deployment, tmp_path):
+    """A dangling link planted at a log path: the start appends to that path (`>>`), which
+    would create the link's target; `up` removes the link first (issue 26)."""
+    dep = make_deployment("loglink")
+    logs = dep.work_dir / "logs"
+    logs.mkdir(parents=True, mode=0o700)
+    dep.work_dir.chmod(0o700)
+    target = tmp_path / "created-through-the-link"
+    (logs / "router.log").symlink_to(target)
+    res = cli("up", dep.path, "--timeout", "120", "--no-canary")
+    assert res.exit_code == 0, res.output
+    assert not (logs / "router.log").is_symlink() and (logs / "router.log").is_file()
+    assert not target.exists()
     assert cli("down", dep.path).exit_code == 0
+    assert wait_no_procs(dep.work_root) == []

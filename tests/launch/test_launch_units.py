@@ -65,11 +65,11 @@ def test_state_dir_override_and_round_trip(state_dir):
         host="h",
         local=False,
         ssh={"port": 22},
-        work_dir="/w",
-        script_path="/w/p.sh",
-        log_path="/w/logs/p.log",
-        pid_path="/w/run/p.pid",
-        secrets_path="/w/run/p.secrets.env",
+        work_dir="/w/d",
+        script_path="/w/d/p.sh",
+        log_path="/w/d/logs/p.log",
+        pid_path="/w/d/run/p.pid",
+        secrets_path="/w/d/run/p.secrets.env",
         health_url=None,
         ports=[1],
         script_hash="x",
@@ -93,6 +93,51 @@ def test_state_dir_override_and_round_trip(state_dir):
     (state_dir / "d" / "state.json").write_text("{not json")
     with pytest.raises(StateError, match="cannot read"):
         load_state("d")
+
+
+# A record edited or damaged by hand: (field of processes[0], value), and the text the message
+# must hold. Each got past the reader before (a traceback later, in status/logs/down, or a
+# file outside the deployment deleted by `down`).
+WRONG = {
+    "ports-str": ("ports", "8000", "processes[0].ports"),
+    "ssh-int": ("ssh", 5, "processes[0].ssh"),
+    "local-str": ("local", "yes", "processes[0].local"),
+    "pid-bool": ("pid", True, "processes[0].pid"),
+    "health-list": ("health_url", ["x"], "processes[0].health_url"),
+    "secrets-outside": ("secrets_path", "/home/u/.ssh/id_ed25519", "does not delete"),
+    "another-deployment": ("deployment", "other", "deployment is 'other'"),
+}
+
+
+@pytest.mark.parametrize("kind", list(WRONG))
+def test_a_record_field_of_the_wrong_type_or_place_is_named(kind, state_dir):
+    import json
+
+    path = state_dir / "d" / "state.json"
+    path.parent.mkdir(parents=True)
+    proc = {
+        "name": "p", "role": "prefill", "host": "h", "local": False, "ssh": {},
+        "work_dir": "/w/d", "script_path": "/w/d/p.sh", "log_path": "/w/d/logs/p.log",
+        "pid_path": "/w/d/run/p.pid", "secrets_path": "/w/d/run/p.secrets.env",
+        "health_url": None, "ports": [1], "script_hash": "x", "pid": 42,
+    }  # fmt: skip
+    record = {"deployment": "d", "topology": "/t.yaml", "scripts_hash": "h", "endpoint": "e",
+              "served_model_name": "m", "processes": [proc]}  # fmt: skip
+    path.write_text(json.dumps(record))
+    assert load_state("d").process("p").pid == 42  # the control: this record reads
+    key, value, says = WRONG[kind]
+    (record if key == "deployment" else proc)[key] = value
+    path.write_text(json.dumps(record))
+    with pytest.raises(StateError) as err:
+        load_state("d")
+    assert str(path) in str(err.value) and says in str(err.value), err.value
+    # The commands say so and what to do next, with no traceback.
+    res = subprocess.run(
+        [sys.executable, "-m", "pdlaunch", "status", "d"], capture_output=True, text=True
+    )
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    said = " ".join(res.stderr.split())  # as one line, however the console wrapped it
+    assert says in said and "pdlaunch down FILE" in said, said
 
 
 def test_lock_is_exclusive_across_processes_and_released(state_dir):

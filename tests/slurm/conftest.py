@@ -7,6 +7,8 @@
   (with the install hint), as the sshd fixtures do.
 * ``fake_bins`` (session, tests/conftest.py): the launch tests' stand-ins for `vllm serve`
   and vllm-router.
+* ``fake_slurm``: stand-in Slurm commands on PATH that record every call
+  (tests/slurm/fake_slurm.py), for faults the real cluster cannot show on demand.
 * ``state_dir`` (autouse): pdlaunch's state (the Slurm record) in the test's own tmp dir.
 """
 
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.slurm.cluster import SlurmCluster, SlurmClusterError
+from tests.slurm.fake_slurm import fake_slurm  # noqa: F401 (a fixture)
 
 
 @pytest.fixture(scope="session")

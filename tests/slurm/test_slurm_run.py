@@ -137,3 +137,47 @@ def test_a_second_up_of_a_running_deployment_is_refused(
     finally:
         assert slurm_run.down("slurm-twice").ok
     assert _squeue(slurm_cluster, job) == []
+
+
+def test_a_percent_in_the_work_dir_is_a_percent_to_slurm(
+    slurm_cluster, fake_bins, tmp_path: Path
+) -> None:
+    """Slurm reads --output as a filename pattern (%j: the job id): pdlaunch escapes a % in
+    the work dir, so every log lands at the path it records, which `logs` reads."""
+    work = tmp_path / "run%j%x"
+    spec = fake_spec("slurm-pct", work, slurm_cluster.nodes, fake_bins, _ports())
+    _, _, plan = planned(spec, tmp_path / "t.yaml")
+    res = slurm_run.up(plan, slurm.SlurmOptions(time="10", start_timeout=60), timeout=60,
+                       canary=False)  # fmt: skip
+    try:
+        assert res.ok, f"{res.message}\n{res.logs}"
+        for p in plan.processes:
+            assert Path(p.log_path).is_file(), p.log_path
+        assert Path(slurm_run.load_record("slurm-pct").driver_log).is_file()
+        assert "serving on" in slurm_run.logs("slurm-pct", "prefill-0", lines=20)
+        assert not any(p.name != "run%j%x" for p in tmp_path.iterdir() if p.name.startswith("run"))
+    finally:
+        assert slurm_run.down("slurm-pct").ok
+
+
+def test_down_leaves_a_job_that_is_not_the_deployments(
+    slurm_cluster, fake_bins, tmp_path: Path
+) -> None:
+    """A record naming another job of the same user (a stale or edited record): `down`
+    refuses to cancel it, and scancel's filters, which pdlaunch adds to every scancel, leave
+    it too (the stand-in scancel of test_slurm_hardening.py assumes this)."""
+    sbatch = ["sbatch", "--parsable", "--job-name=training", "--time=5", f"--chdir={tmp_path}"]
+    other = slurm_cluster.run([*sbatch, "--output=/dev/null", "--wrap", "sleep 300"]).stdout
+    other = other.strip()
+    try:
+        spec = fake_spec("slurm-other", tmp_path / "w", slurm_cluster.nodes, fake_bins, _ports())
+        _, _, plan = planned(spec, tmp_path / "t.yaml")
+        slurm_run.run_slurm(slurm_run._scancel_argv("slurm-other", other))
+        slurm_run.save_record(slurm_run.record_of(plan, other))
+        with pytest.raises(slurm_run.SlurmRunError, match="not this deployment's job"):
+            slurm_run.down("slurm-other")
+        time.sleep(1)
+        assert [ln.split()[0] for ln in _squeue(slurm_cluster, other)] == [other]
+        assert slurm_run.record_path("slurm-other").exists()
+    finally:
+        slurm_cluster.run(["scancel", other], check=False)

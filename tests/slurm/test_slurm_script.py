@@ -69,7 +69,7 @@ def test_local_cpu_is_one_component_on_one_node(tmp_path: Path) -> None:
     assert all("--het-group" not in s for s in sruns)
     assert "pdlaunch-node /tmp/pdlaunch/local-cpu/prefill-0.sh - - 0" in sruns[0]
     assert "pdlaunch-node /tmp/pdlaunch/local-cpu/decode-0.sh - - 1" in sruns[1]
-    assert sruns[2].endswith("/tmp/pdlaunch/local-cpu/router.sh &")
+    assert sruns[2].endswith("pdlaunch-node /tmp/pdlaunch/local-cpu/router.sh - - - &")
     assert '--nodelist="${pdl_nodes_0[0]}"' in sruns[2]
     assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in script
     _bash_syntax_ok(tmp_path, script)

@@ -1,0 +1,216 @@
+"""The control host's record of a Slurm job (``<state dir>/<deployment>/slurm.json``), read
+through a schema: every field of its declared type (pydantic, no coercion), the job id a Slurm
+job id, every path the one the plan gives it in the deployment's own work dirs. A record that
+is not so is refused with the file, the field and what to do by hand, never a traceback: a
+record that names the wrong job or file is worse than none (`down` cancels and deletes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import pwd
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pdlaunch.backends import slurm
+from pdlaunch.fsutil import atomic_write
+from pdlaunch.plan import Plan, Process
+from pdlaunch.state import (
+    SLURM_RECORD_FILE,
+    StateError,
+    check_own_path,
+    deployment_dir,
+    parse_json_as,
+)
+
+FORMAT = 1
+
+
+class SlurmRunError(Exception):
+    """A Slurm command failed or the job did not come up; the message is for users."""
+
+
+@dataclass
+class ProcessRecord:
+    name: str
+    role: str
+    component: int
+    node: int  # index within the component's nodes
+    port: int | None
+    health_path: str | None
+    log_path: str
+    work_dir: str
+    script_path: str
+    secrets_path: str
+
+
+@dataclass
+class SlurmRecord:
+    deployment: str
+    job_id: str
+    script: str
+    driver_log: str
+    model: str
+    served_model_name: str
+    components: list[list[str]]  # per component: its topology hosts
+    processes: list[ProcessRecord]
+    status: str = "submitted"  # submitted | up | failed
+    submitted_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    backend: str = "slurm"
+    format: int = FORMAT
+
+    def process(self, name: str) -> ProcessRecord | None:
+        return next((p for p in self.processes if p.name == name), None)
+
+    def by_role(self, role: str) -> list[ProcessRecord]:
+        return [p for p in self.processes if p.role == role]
+
+    @property
+    def work_dirs(self) -> list[str]:
+        return sorted({p.work_dir for p in self.processes})
+
+    @property
+    def job_name(self) -> str:
+        return slurm.job_name(self.deployment)
+
+    @property
+    def job_dir(self) -> str:
+        return posixpath.dirname(self.script)
+
+    @classmethod
+    def from_json(cls, data: Any) -> SlurmRecord:
+        return cls.parse(json.dumps(data))
+
+    @classmethod
+    def parse(cls, text: str, deployment: str | None = None) -> SlurmRecord:
+        """The record in ``text`` (JSON), every field of its declared type (pydantic, no
+        coercion), of ``deployment`` (the directory it was found in), the job id a Slurm job
+        id and every path the one the plan gives it in the deployment's own work dirs (`down`
+        deletes the secrets files; `logs` reads the logs); ValueError naming the first bad
+        field otherwise."""
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("backend") != "slurm":
+            raise ValueError("not a pdlaunch Slurm record (no \"backend\": \"slurm\")")
+        rec = parse_json_as(cls, text)
+        if deployment is not None and rec.deployment != deployment:
+            raise ValueError(
+                f"deployment is {rec.deployment!r}, in the directory of {deployment!r}"
+            )
+        if not is_job_id(rec.job_id):
+            raise ValueError(f"job_id {rec.job_id!r} is not a Slurm job id")
+        dep = rec.deployment
+        router = rec.process("router")
+        if router is None:
+            raise ValueError("processes: no router")
+        check_own_path("script", rec.script, router.work_dir, dep, slurm.DRIVER_NAME)
+        check_own_path(
+            "driver_log", rec.driver_log, router.work_dir, dep, "logs", f"slurm-{rec.job_id}.log"
+        )
+        for i, p in enumerate(rec.processes):
+            for key, parts in (
+                ("script_path", (f"{p.name}.sh",)),
+                ("log_path", ("logs", f"{p.name}.log")),
+                ("secrets_path", ("run", f"{p.name}.secrets.env")),
+            ):
+                check_own_path(f"processes[{i}].{key}", getattr(p, key), p.work_dir, dep, *parts)
+            if p.component < 0 or p.node < 0 or p.component >= max(1, len(rec.components)):
+                raise ValueError(f"processes[{i}]: component {p.component} node {p.node}")
+            if p.port is not None and not 0 < p.port < 65536:
+                raise ValueError(f"processes[{i}].port is {p.port}: not a port")
+        return rec
+
+
+def is_job_id(text: str) -> bool:
+    """ASCII digits only (``str.isdigit`` takes other scripts' digits too)."""
+    return text.isascii() and text.isdigit()
+
+
+def current_user() -> str:
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def record_path(deployment: str) -> Path:
+    return deployment_dir(deployment) / SLURM_RECORD_FILE
+
+
+def load_record(deployment: str) -> SlurmRecord | None:
+    path = record_path(deployment)
+    try:
+        text = path.read_text(encoding="utf-8")
+        json.loads(text)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise StateError(
+            f"cannot read the Slurm record {path}: {exc}. {by_hand(deployment, path)}"
+        ) from None
+    try:
+        return SlurmRecord.parse(text, deployment)
+    except ValueError as exc:
+        raise StateError(
+            f"the Slurm record {path} is damaged: {exc}. {by_hand(deployment, path)}"
+        ) from None
+
+
+def by_hand(deployment: str, path: Path) -> str:
+    """What to do when the record cannot be trusted: nothing was cancelled or deleted."""
+    name, user = slurm.job_name(deployment), current_user()
+    return (
+        f"Nothing was cancelled or deleted. `squeue -u {user} --name {name}` shows the "
+        f"deployment's job; `scancel -u {user} --name {name}` cancels it; then remove {path}"
+    )
+
+
+def save_record(rec: SlurmRecord) -> Path:
+    rec.updated_at = time.time()
+    d = deployment_dir(rec.deployment)
+    try:
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        atomic_write(
+            d / SLURM_RECORD_FILE, json.dumps(asdict(rec), indent=2, sort_keys=True) + "\n"
+        )
+    except OSError as exc:
+        raise StateError(f"cannot write the Slurm record in {d}: {exc}") from None
+    return d / SLURM_RECORD_FILE
+
+
+def record_of(plan: Plan, job_id: str) -> SlurmRecord:
+    """What the control host must remember of a submitted plan (pure)."""
+    comps = slurm.components(plan)
+    procs = []
+    for c in comps:
+        for p in c.processes:
+            procs.append(_process_record(p, c.index, c.node_of(p)))
+    procs.append(_process_record(plan.router, 0, 0))
+    return SlurmRecord(
+        deployment=plan.deployment,
+        job_id=job_id,
+        script=f"{slurm.job_dir(plan)}/{slurm.DRIVER_NAME}",
+        driver_log=slurm.driver_log(plan, job_id),
+        model=plan.model,
+        served_model_name=plan.served_model_name,
+        components=[list(c.hosts) for c in comps],
+        processes=procs,
+    )
+
+
+def _process_record(p: Process, component: int, node: int) -> ProcessRecord:
+    url = urlsplit(p.health_url) if p.health_url else None
+    return ProcessRecord(
+        name=p.name,
+        role=p.role,
+        component=component,
+        node=node,
+        port=url.port if url else None,
+        health_path=url.path if url else None,
+        log_path=p.log_path,
+        work_dir=p.work_dir,
+        script_path=p.script_path,
+        secrets_path=p.secrets_path,
+    )
