@@ -8,12 +8,10 @@ recorded in the evidence and becomes a finding, so one dead node never hides the
 
 from __future__ import annotations
 
-import http.client
 import json
 import posixpath
 import shlex
 import time
-import urllib.error
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +19,7 @@ from typing import Any
 
 from pdlaunch.check.probes.versions import SNIPPET as CHECK_VERSIONS_SNIPPET
 from pdlaunch.doctor.evidence import Evidence, HostVersions, ProcessEvidence
-from pdlaunch.health import base_url, get_text
+from pdlaunch.health import HttpError, base_url, get_text
 from pdlaunch.hosts import HostError, HostPool, parallel, sh_quote_path
 from pdlaunch.load import LoadError, load_text, read_text
 from pdlaunch.plan import Plan, Process, build_plan
@@ -124,11 +122,8 @@ def metrics_url(p: ProcessState) -> str | None:
 def _fetch(url: str, timeout: float) -> tuple[str | None, str | None]:
     try:
         return get_text(url, timeout), None
-    except urllib.error.HTTPError as exc:
-        return None, f"{url}: HTTP {exc.code}"
-    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return None, f"{url}: {reason or type(exc).__name__}"
+    except HttpError as exc:  # names the endpoint: HTTP status, no answer, too large
+        return None, str(exc)
 
 
 def collect_process(
