@@ -8,6 +8,7 @@ recorded in the evidence and becomes a finding, so one dead node never hides the
 
 from __future__ import annotations
 
+import copy
 import json
 import posixpath
 import shlex
@@ -226,6 +227,30 @@ def collect_versions(
     return parallel(one, list(hosts.values()))
 
 
+def collect_running(state: DeploymentState, pool: HostPool) -> dict[str, tuple[str, str]]:
+    """{process: (running, detail)} by the survey `status` and `down` make (the leader and
+    every process holding its log), on a copy: the record is not changed."""
+    from pdlaunch.launch.records import survey  # launch depends on far more than doctor
+
+    seen = copy.deepcopy(state)
+    found = survey(seen, pool)
+    out: dict[str, tuple[str, str]] = {}
+    for rec in state.processes:
+        name = rec.name
+        if name in found.unknown:
+            out[name] = ("unknown", found.unknown[name])
+        elif name in found.partial:
+            pids = " ".join(map(str, found.partial[name]))
+            out[name] = ("partly dead", f"leader pid {rec.pid} is gone; still running: {pids}")
+        elif name in found.alive:
+            out[name] = ("alive", "")
+        elif rec.pid is None and rec.started_at is None:
+            out[name] = ("not started", "")
+        else:
+            out[name] = ("dead", f"pid {rec.pid} is gone" if rec.pid else "not running")
+    return out
+
+
 def collect(
     state: DeploymentState,
     pool: HostPool,
@@ -245,6 +270,9 @@ def collect(
 
     ev = Evidence(state.deployment, collected_at=time.time(), lines=lines)
     ev.processes = parallel(one, state.processes)
+    running = collect_running(state, pool)
+    for p in ev.processes:
+        p.running, p.running_detail = running.get(p.name, (None, ""))
     if versions:
         ev.versions = collect_versions(state, pool, plan)
     return ev
