@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pdlaunch import facts
-from pdlaunch.addresses import host_key
+from pdlaunch.addresses import same_address
 from pdlaunch.devices import profile
 from pdlaunch.load import FieldPath
 from pdlaunch.nodeenv import managed_env
@@ -296,7 +296,7 @@ def _env_scopes(topo: Topology) -> Iterator[tuple[FieldPath, dict[str, str], lis
     nodes = all_nodes(topo)
     yield ("defaults", "env"), topo.defaults.env, nodes
     for host, settings in topo.hosts.items():
-        on = [n for n in nodes if host_key(n.host) == host_key(host)]
+        on = [n for n in nodes if same_address(n.host, host)]  # as plan._host_settings
         yield ("hosts", host, "env"), settings.env, on
     for role, i, inst in topo.instances():
         yield (role, i, "env"), inst.env, [n for n in nodes if (n.role, n.index) == (role, i)]
