@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -226,3 +227,62 @@ def test_bad_urls_are_errors_naming_them():
         with pytest.raises(HttpError) as exc:
             httpclient.request(url, timeout=1)
         assert str(exc.value).startswith(url)
+
+
+# -- the commands that read endpoints ---------------------------------------------------------
+def _record(state_dir: Path, base: str) -> None:
+    """A recorded deployment whose decode (its pid gone) answers at ``base``."""
+    from pdlaunch.state import DeploymentState, ProcessState, save_state
+
+    work = state_dir.parent / "work"
+    ps = ProcessState(
+        name="decode-0",
+        role="decode",
+        host="127.0.0.1",
+        local=True,
+        ssh={},
+        work_dir=str(work),
+        script_path=str(work / "decode-0.sh"),
+        log_path=str(work / "logs" / "decode-0.log"),
+        pid_path=str(work / "run" / "decode-0.pid"),
+        secrets_path=str(work / "run" / "decode-0.secrets.env"),
+        health_url=base + "/health",
+        ports=[int(base.rsplit(":", 1)[1])],
+        script_hash="",
+        pid=4_000_000,  # above pid_max: never a live process
+        start_time=1,
+        started_at=time.time(),
+    )
+    save_state(DeploymentState("hostile", "", "", base, "m", status="up", processes=[ps]))
+
+
+@pytest.mark.parametrize("handler", [trickle, not_http, huge], ids=["trickle", "not-http", "huge"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status", "hostile", "--json"],
+        ["status", "hostile", "--watch", "--count", "1", "--interval", "0.1"],
+        ["doctor", "hostile", "--json"],
+    ],
+    ids=["status", "watch", "doctor"],
+)
+def test_commands_against_a_hostile_engine_end_with_a_message(handler, argv, tmp_path, monkeypatch):
+    """`status`, `status --watch` and `doctor` against an engine port that trickles, answers
+    something other than HTTP, or sends 200 MB: each ends within its per-request deadline
+    (5 s) with exit 1 and the endpoint named, never a traceback or a hang."""
+    from typer.testing import CliRunner
+
+    from pdlaunch.cli import app
+
+    state_dir = tmp_path / "state"
+    monkeypatch.setenv("PDLAUNCH_STATE_DIR", str(state_dir))
+    monkeypatch.setenv("COLUMNS", "300")
+    with hostile(handler) as base:
+        _record(state_dir, base)
+        t0 = time.monotonic()
+        res = CliRunner().invoke(app, argv, catch_exceptions=False)
+        took = time.monotonic() - t0
+    assert res.exit_code == 1, res.output
+    assert took < 12, took
+    assert "Traceback" not in res.output
+    assert base in res.output, res.output
