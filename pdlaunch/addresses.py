@@ -11,7 +11,12 @@ Definitions:
   addresses (127.0.0.2, ...) are reached over SSH unless `local: true` says otherwise: the
   tests and benchmarks run one sshd per such address as a stand-in for another host.
 * **same machine** (`same_machine`): equal `host_key`s: every loopback spelling is one
-  machine, other names compare case-insensitively without a trailing dot.
+  machine, other names compare case-insensitively without a trailing dot. Only questions
+  about one machine's resources (ports, cores, devices) use it.
+* **same address** (`same_address`): one address in two spellings (case, trailing dot, IPv6
+  compression, legacy IPv4 forms such as 127.1). What the `hosts:` settings of a topology are
+  keyed by: settings (SSH port, key, `local`) written for 127.0.0.30 are not those of a
+  router on 127.0.0.1, though both are this machine.
 * **overlapping binds** (`binds_overlap`): the same address, or either is a wildcard
   (0.0.0.0 / ::); a name pdlaunch cannot resolve without DNS is assumed to overlap.
 * **port clash** (`listeners_clash`): two listeners on one port clash only if they are on the
@@ -75,6 +80,15 @@ def host_key(host: str) -> str:
 
 def same_machine(a: str, b: str) -> bool:
     return host_key(a) == host_key(b)
+
+
+def address_key(host: str) -> str:
+    """Where "same address" is decided (`hosts:` settings): loopback addresses stay apart."""
+    return _address(host)
+
+
+def same_address(a: str, b: str) -> bool:
+    return address_key(a) == address_key(b)
 
 
 def is_unspecified(host: str) -> bool:

@@ -1,8 +1,9 @@
 """HTTP from the control host: health probes, Prometheus metrics, and the canary request that
 proves a deployment serves *disaggregated*.
 
-Only the standard library (urllib), with proxies disabled: health URLs are cluster-internal
-addresses that an ``http_proxy`` in the operator's shell must not capture.
+Every request goes through :mod:`pdlaunch.httpclient`: a wall-clock deadline, a size cap, no
+proxy, and a failure is an :class:`~pdlaunch.httpclient.HttpError` (an ``OSError``) naming the
+endpoint, never a hang or a traceback.
 
 How the canary decides "disaggregated" (vLLM >= 0.11 exposes the signal on ``/metrics``):
 ``vllm:prompt_tokens_by_source_total{source=...}`` counts every prompt token an engine
@@ -20,15 +21,16 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from pdlaunch import httpclient
+from pdlaunch.httpclient import HttpError
+
 PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+__all__ = ["HttpError", "Probe", "canary", "get_text", "metric_sum", "post_json", "probe"]
 
 
 @dataclass(frozen=True)
@@ -46,39 +48,46 @@ class Probe:
 
 
 def probe(url: str, timeout: float = 2.0) -> Probe:
-    """GET ``url``; healthy means HTTP 200."""
+    """GET ``url``; healthy means HTTP 200. Never raises: no answer within ``timeout``
+    (wall clock), an answer that is not HTTP or larger than a health answer can be, is
+    unhealthy, with the reason."""
     try:
-        with _OPENER.open(urllib.request.Request(url, method="GET"), timeout=timeout) as resp:
-            resp.read(4096)
-            return Probe(resp.status == 200, resp.status)
-    except urllib.error.HTTPError as exc:
-        return Probe(False, exc.code)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return Probe(False, None, str(reason) or type(exc).__name__)
+        resp = httpclient.request(url, timeout=timeout, max_bytes=httpclient.HEALTH_MAX_BYTES)
+    except HttpError as exc:
+        return Probe(False, None, str(exc))
+    return Probe(resp.status == 200, resp.status)
 
 
-def get_text(url: str, timeout: float = 5.0) -> str:
-    with _OPENER.open(url, timeout=timeout) as resp:
-        return resp.read().decode("utf-8", errors="replace")
+def get_text(url: str, timeout: float = 5.0, max_bytes: int = httpclient.METRICS_MAX_BYTES) -> str:
+    """GET ``url`` (a /metrics page): its text when it answers 200 within ``timeout``;
+    :class:`HttpError` naming the endpoint otherwise (status, no answer, too large)."""
+    resp = httpclient.request(url, timeout=timeout, max_bytes=max_bytes)
+    if resp.status != 200:
+        raise HttpError(url, f"HTTP {resp.status}", resp.status)
+    return resp.text()
 
 
-def post_json(url: str, body: dict, timeout: float = 60.0) -> tuple[int, dict | str]:
-    """POST JSON; returns (status, parsed JSON or raw text). Raises OSError on no answer."""
-    data = json.dumps(body).encode()
-    req = urllib.request.Request(
-        url, data=data, method="POST", headers={"Content-Type": "application/json"}
+def post_json(
+    url: str, body: dict, timeout: float = 60.0, max_bytes: int = httpclient.JSON_MAX_BYTES
+) -> tuple[int, dict | str]:
+    """POST JSON; returns (status, parsed JSON or raw text: an answer that is not JSON is
+    returned as text for the caller to report). Raises :class:`HttpError` (an ``OSError``)
+    on no answer within ``timeout``."""
+    resp = httpclient.request(
+        url,
+        method="POST",
+        body=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        timeout=timeout,
+        max_bytes=max_bytes,
     )
+    text = resp.text()
     try:
-        with _OPENER.open(req, timeout=timeout) as resp:
-            status, raw = resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    text = raw.decode("utf-8", errors="replace")
-    try:
-        return status, json.loads(text)
-    except ValueError:
-        return status, text
+        return resp.status, json.loads(text)
+    except ValueError:  # not JSON, or nested too deep (RecursionError is not one)
+        return resp.status, text
+    except RecursionError:
+        return resp.status, text
 
 
 # -- Prometheus text ------------------------------------------------------------------------------
@@ -159,7 +168,7 @@ def canary(
     except OSError as exc:
         return CanaryResult(False, f"canary request to {router_url} failed: {exc}")
     latency = time.monotonic() - t0
-    if status != 200 or not isinstance(resp, dict) or not resp.get("choices"):
+    if status != 200 or not isinstance(resp, dict) or _text(resp) is None:
         return CanaryResult(
             False,
             f"canary request to {router_url}/v1/completions answered HTTP {status}: "
@@ -214,7 +223,7 @@ def canary(
             ref_status, ref = post_json(ref_url, body, timeout)
         except OSError as exc:
             return CanaryResult(False, f"canary reference request to {ref_url} failed: {exc}")
-        if ref_status != 200 or not isinstance(ref, dict) or not ref.get("choices"):
+        if ref_status != 200 or not isinstance(ref, dict) or _text(ref) is None:
             return CanaryResult(
                 False,
                 f"canary reference request to {ref_url} answered HTTP {ref_status}: "
@@ -242,6 +251,15 @@ def canary(
     )
 
 
-def _text(resp: dict) -> str:
-    choice = resp["choices"][0]
-    return str(choice.get("text", choice.get("message", {}).get("content", "")))
+def _text(resp: object) -> str | None:
+    """The completion's text; None when the answer has no usable first choice (an answer of
+    any JSON shape must give a message, never a traceback)."""
+    if not isinstance(resp, dict):
+        return None
+    choices = resp.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    choice = choices[0]
+    message = choice.get("message")
+    text = choice.get("text", message.get("content") if isinstance(message, dict) else None)
+    return None if text is None else str(text)

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 # The KV extension's root imports no torch/vLLM: its config builder runs here.
 from pdlaunch import kv as kv_extension
 from pdlaunch import kvgeometry as kv
-from pdlaunch.addresses import host_key, is_local_control_host
+from pdlaunch.addresses import address_key, is_local_control_host
 from pdlaunch.devices import profile
 from pdlaunch.nodeenv import derived_env, devices_of
 from pdlaunch.ports import (
@@ -114,12 +114,13 @@ def _url_host(host: str) -> str:
 
 
 def _host_settings(topo: Topology, host: str) -> HostSettings:
-    # The rules decide "same host" with host_key (every loopback spelling is one machine), so
-    # settings written under `localhost` apply to a node at 127.0.0.1 here too.
+    # Keyed by the address as written (in any spelling of that one address), never by
+    # "same machine": SSH settings for 127.0.0.30 (a stand-in for another host) must not
+    # reach a router on 127.0.0.1, nor those of `localhost` one on 127.0.0.2.
     if host in topo.hosts:
         return topo.hosts[host]
-    key = host_key(host)
-    return next((s for h, s in topo.hosts.items() if host_key(h) == key), HostSettings())
+    key = address_key(host)
+    return next((s for h, s in topo.hosts.items() if address_key(h) == key), HostSettings())
 
 
 def _work_dir(topo: Topology, host: str, override: str | None) -> str:

@@ -60,9 +60,11 @@ SECRET_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 # Anything that looks like the start of a reference: a malformed one (`${env:HF_TOKEN`,
 # `${env:HF-TOKEN}`) must be refused, not exported as its literal text.
 SECRET_MARK = re.compile(r"\$\{\s*env\s*:", re.IGNORECASE)
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-HOSTNAME = re.compile(r"^[A-Za-z0-9_.:%-]{1,253}$")
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+# Matched with fullmatch: `$` also matches before a trailing newline, and "pre\n" must not
+# become a file name, an env key or a Kubernetes name.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+HOSTNAME = re.compile(r"[A-Za-z0-9_.:%-]{1,253}")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
 class Strict(BaseModel):
@@ -73,7 +75,7 @@ class Strict(BaseModel):
 def _check_env(env: dict[str, str]) -> dict[str, str]:
     # Where `${env:...}` may stand is a rule (secret-placement), so it can name its line.
     for key in env:
-        if not ENV_NAME.match(key):
+        if not ENV_NAME.fullmatch(key):
             raise ValueError(f"{key!r} is not a valid environment variable name")
     return env
 
@@ -82,7 +84,7 @@ EnvMap = dict[str, str]
 
 
 def _check_host(host: str) -> str:
-    if not HOSTNAME.match(host):
+    if not HOSTNAME.fullmatch(host):
         raise ValueError(f"{host!r} is not a host name or IP address")
     return canonical_host(host)
 
@@ -202,7 +204,7 @@ class Instance(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str | None) -> str | None:
-        if v is not None and not NAME.match(v):
+        if v is not None and not NAME.fullmatch(v):
             raise ValueError("use letters, digits, '.', '_' or '-' (at most 63 characters)")
         return v
 
@@ -335,7 +337,7 @@ class Topology(Strict):
     @field_validator("deployment")
     @classmethod
     def _deployment(cls, v: str) -> str:
-        if not NAME.match(v):
+        if not NAME.fullmatch(v):
             raise ValueError("use letters, digits, '.', '_' or '-' (at most 63 characters)")
         return v
 

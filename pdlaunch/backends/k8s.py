@@ -100,7 +100,7 @@ _PORT_NAMES: dict[PortKind, str] = {
     "router_metrics": "metrics",
 }
 # IANA service name: what a container port's name must be (15 characters at most).
-_PORT_NAME = re.compile(r"^(?=.*[a-z])(?!.*--)[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?$")
+_PORT_NAME = re.compile(r"(?=.*[a-z])(?!.*--)[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?")
 
 # vLLM, PyTorch and NCCL share tensors between processes through /dev/shm, which container
 # runtimes cap at 64 MiB.
@@ -316,7 +316,7 @@ def _ports(proc: Process, ctx: _Context, side_channels: bool) -> list[Manifest]:
         if count[p.kind] > 1:
             name = f"{name}-{seen[p.kind]}"
             seen[p.kind] += 1
-        if not _PORT_NAME.match(name):
+        if not _PORT_NAME.fullmatch(name):
             raise ExportError(f"{proc.name}: {name!r} is not a valid container port name")
         port = ctx.http_port if p.kind == "http" else p.port
         out.append({"name": name, "containerPort": port, "protocol": "TCP"})

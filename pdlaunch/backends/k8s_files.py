@@ -48,6 +48,26 @@ def to_yaml(obj: Manifest) -> str:
     return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1 << 20)
 
 
+def _one_line(text: str) -> str:
+    """``text`` fit for a `#` comment: a line break in it would end the comment and make the
+    rest of it YAML (any of the breaks YAML knows, and other control characters)."""
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
+
+
+def _checked(objects: list[Manifest], texts: list[str]) -> None:
+    """Every file must read back as the object it was written from; else nothing is written."""
+    for obj, text in zip(objects, texts, strict=True):
+        try:
+            back = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            back = exc
+        if back != obj:
+            raise ExportError(
+                f"the {obj['kind']} {obj['metadata']['name']!r} would not read back as written "
+                "(a value that breaks YAML); nothing was exported"
+            )
+
+
 def file_name(index: int, obj: Manifest) -> str:
     return f"{index:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
 
@@ -100,16 +120,18 @@ def write_manifests(
     out = Path(out_dir)
     names = [file_name(i, o) for i, o in enumerate(export.objects)]
     header = (
-        f"{HEADER} ({export.target}) from deployment {plan.deployment}.\n"
+        f"{HEADER} ({export.target}) from deployment {_one_line(plan.deployment)}.\n"
         f"# Do not edit: edit the topology and export again.\n"
     )
+    texts = [header + to_yaml(obj) for obj in export.objects]
+    _checked(export.objects, texts)
     out.mkdir(parents=True, exist_ok=True)
     for stale in sorted(out.glob("*.yaml")):
         if stale.name not in names and _is_ours(stale):
             stale.unlink()
     written = []
-    for fname, obj in zip(names, export.objects, strict=True):
-        atomic_write(out / fname, header + to_yaml(obj), 0o644)
+    for fname, text in zip(names, texts, strict=True):
+        atomic_write(out / fname, text, 0o644)
         written.append(out / fname)
     atomic_write(out / "index.md", _index(export, names), 0o644)
     written.append(out / "index.md")

@@ -439,6 +439,8 @@ def status_cmd(
             alive = (
                 "[green]yes[/]"
                 if r["alive"]
+                else "[red]partly[/]"
+                if r.get("left_running")
                 else "[red]no[/]"
                 if r["alive"] is False
                 else f"[yellow]?[/] {r['error'] or ''}"

@@ -8,7 +8,7 @@ from pathlib import Path
 from pdlaunch.cli.app import bad_input, load_or_exit
 from pdlaunch.state import list_deployments, state_root
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
 def resolve_deployment(target: str | None, as_json: bool = False) -> str:
@@ -25,6 +25,6 @@ def resolve_deployment(target: str | None, as_json: bool = False) -> str:
     if path.is_file():
         topo, _ = load_or_exit(path, as_json)
         return topo.deployment
-    if _NAME.match(target) and not target.endswith((".yaml", ".yml")):
+    if _NAME.fullmatch(target) and not target.endswith((".yaml", ".yml")):
         return target
     bad_input(f"{target}: no such topology file")

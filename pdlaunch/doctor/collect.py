@@ -8,12 +8,11 @@ recorded in the evidence and becomes a finding, so one dead node never hides the
 
 from __future__ import annotations
 
-import http.client
+import copy
 import json
 import posixpath
 import shlex
 import time
-import urllib.error
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 
 from pdlaunch.check.probes.versions import SNIPPET as CHECK_VERSIONS_SNIPPET
 from pdlaunch.doctor.evidence import Evidence, HostVersions, ProcessEvidence
-from pdlaunch.health import base_url, get_text
+from pdlaunch.health import HttpError, base_url, get_text
 from pdlaunch.hosts import HostError, HostPool, parallel, sh_quote_path
 from pdlaunch.load import LoadError, load_text, read_text
 from pdlaunch.plan import Plan, Process, build_plan
@@ -124,11 +123,8 @@ def metrics_url(p: ProcessState) -> str | None:
 def _fetch(url: str, timeout: float) -> tuple[str | None, str | None]:
     try:
         return get_text(url, timeout), None
-    except urllib.error.HTTPError as exc:
-        return None, f"{url}: HTTP {exc.code}"
-    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return None, f"{url}: {reason or type(exc).__name__}"
+    except HttpError as exc:  # names the endpoint: HTTP status, no answer, too large
+        return None, str(exc)
 
 
 def collect_process(
@@ -231,6 +227,30 @@ def collect_versions(
     return parallel(one, list(hosts.values()))
 
 
+def collect_running(state: DeploymentState, pool: HostPool) -> dict[str, tuple[str, str]]:
+    """{process: (running, detail)} by the survey `status` and `down` make (the leader and
+    every process holding its log), on a copy: the record is not changed."""
+    from pdlaunch.launch.records import survey  # launch depends on far more than doctor
+
+    seen = copy.deepcopy(state)
+    found = survey(seen, pool)
+    out: dict[str, tuple[str, str]] = {}
+    for rec in state.processes:
+        name = rec.name
+        if name in found.unknown:
+            out[name] = ("unknown", found.unknown[name])
+        elif name in found.partial:
+            pids = " ".join(map(str, found.partial[name]))
+            out[name] = ("partly dead", f"leader pid {rec.pid} is gone; still running: {pids}")
+        elif name in found.alive:
+            out[name] = ("alive", "")
+        elif rec.pid is None and rec.started_at is None:
+            out[name] = ("not started", "")
+        else:
+            out[name] = ("dead", f"pid {rec.pid} is gone" if rec.pid else "not running")
+    return out
+
+
 def collect(
     state: DeploymentState,
     pool: HostPool,
@@ -250,6 +270,9 @@ def collect(
 
     ev = Evidence(state.deployment, collected_at=time.time(), lines=lines)
     ev.processes = parallel(one, state.processes)
+    running = collect_running(state, pool)
+    for p in ev.processes:
+        p.running, p.running_detail = running.get(p.name, (None, ""))
     if versions:
         ev.versions = collect_versions(state, pool, plan)
     return ev

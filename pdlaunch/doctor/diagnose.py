@@ -158,6 +158,39 @@ CHECKS: tuple[Check, ...] = (
         "pdlaunch hosts layer (Host.read_log)",
     ),
     Check(
+        "process-dead",
+        "error",
+        ("any",),
+        "collect",
+        "A recorded process is not running.",
+        "It exited or was killed after `up` started it (its log's last lines usually say "
+        "why); the deployment cannot serve without it.",
+        "Read its log (`pdlaunch logs`), then `pdlaunch up` again (it starts what is "
+        "missing) or `pdlaunch down`.",
+        "pdlaunch survey (launch/records.py)",
+    ),
+    Check(
+        "process-partly-dead",
+        "error",
+        ("any",),
+        "collect",
+        "A recorded process's leader is gone while members of its process group still run.",
+        "The API server (the recorded pid) died or was killed, and its children (vLLM's "
+        "EngineCore and workers: GPU memory, the NIXL side-channel port) were left running.",
+        "`pdlaunch down` (or `pdlaunch up`, which stops them first) stops the whole group.",
+        "pdlaunch survey (launch/records.py)",
+    ),
+    Check(
+        "process-unverified",
+        "warning",
+        ("any",),
+        "collect",
+        "Whether a recorded process runs could not be checked.",
+        "Its host could not be asked (unreachable, login refused).",
+        "Fix the connection, then `pdlaunch status`.",
+        "pdlaunch survey (launch/records.py)",
+    ),
+    Check(
         "metrics-unreachable",
         "warning",
         ("any",),
@@ -331,8 +364,19 @@ def plan_findings(findings: Sequence[Finding], plan: Plan | None) -> list[Findin
 
 
 # -- a whole deployment ---------------------------------------------------------------------------
+_RUNNING_CHECKS = {
+    "dead": "process-dead",
+    "partly dead": "process-partly-dead",
+    "unknown": "process-unverified",
+}
+
+
 def process_findings(p: ProcessEvidence) -> list[Finding]:
     out: list[Finding] = []
+    check = _RUNNING_CHECKS.get(p.running or "")
+    if check is not None:
+        detail = f": {p.running_detail}" if p.running_detail else ""
+        out.append(CHECKS_BY_ID[check].finding(p.name, p.host, f"{p.name} is {p.running}{detail}"))
     if p.log_error is not None:
         out.append(CHECKS_BY_ID["log-unreadable"].finding(p.name, p.host, p.log_error))
     if p.log is not None:

@@ -24,6 +24,11 @@ class ProcessEvidence:
     metrics_after: str | None = None
     metrics_interval: float = 0.0
     metrics_error: str | None = None
+    # Whether the recorded process runs, by the same survey `status` and `down` make:
+    # "alive", "dead", "partly dead" (its leader is gone, members still run), "not started"
+    # or "unknown" (its host could not be asked; `running_detail` says why); None: not asked.
+    running: str | None = None
+    running_detail: str = ""
 
 
 @dataclass

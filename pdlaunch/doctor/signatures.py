@@ -27,7 +27,7 @@ TABLE = "signatures.yaml"
 
 _REQUIRED = ("id", "severity", "applies_to", "regex", "what", "cause", "fix", "source")
 _OPTIONAL = ("quote", "superseded_by")
-_ID = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+_ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 
 
 class SignatureError(ValueError):
@@ -99,7 +99,7 @@ def _signature(index: int, entry: Any) -> Signature:
     for key in ("id", "severity", "regex", "what", "cause", "fix", "source", "quote"):
         if key in entry and not (isinstance(entry[key], str) and entry[key].strip()):
             raise SignatureError(f"signature {name}.{key}: expected non-empty text")
-    if not _ID.match(entry["id"]):
+    if not _ID.fullmatch(entry["id"]):
         raise SignatureError(f"signature {name}.id: use lower-case words joined by '-'")
     if entry["severity"] not in SEVERITIES:
         raise SignatureError(f"signature {name}.severity: one of {', '.join(SEVERITIES)}")

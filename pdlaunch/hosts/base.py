@@ -155,6 +155,16 @@ _group() {  # print live members of process group $PGID
     cat /proc/[0-9]*/stat 2>/dev/null | awk -v pg="$PGID" '{
         s = $0; sub(/.*\) /, "", s); split(s, f, " ")
         if (f[3] == pg && f[1] !~ /^[ZXx]/) print $1 }'; }
+_holders() {  # $1=log: "pid pgrp" of each live process with the log (or its .prev) as stdout/err
+    _hl=$1
+    for _hd in /proc/[0-9]*; do
+        [ "$_hd/fd/1" -ef "$_hl" ] || [ "$_hd/fd/2" -ef "$_hl" ] \
+            || [ "$_hd/fd/1" -ef "$_hl.prev" ] || [ "$_hd/fd/2" -ef "$_hl.prev" ] || continue
+        _hs=$(_stat "${_hd#/proc/}") || continue
+        set -- $_hs
+        case $1 in Z|X|x) continue;; esac
+        echo "${_hd#/proc/} $3"
+    done; }
 """
 
 _START_SCRIPT = r"""
@@ -179,14 +189,21 @@ case $1 in Z|X|x) echo "$pid";; *) echo "$pid ${{20}}";; esac
 """
 
 _STOP_SCRIPT = r"""
-PID={pid}; PGID={pid}; START={start}; GRACE_CS={grace_cs}
+PID={pid}; PGID={pid}; START={start}; GRACE_CS={grace_cs}; LOGF={log}
 _now() {{  # centiseconds since boot
     read -r _u _ < /proc/uptime; _s=${{_u%.*}}; _c=${{_u#*.}}; echo $((_s * 100 + 1$_c - 100)); }}
-mode=group
+mode=group; proven=
 if s=$(_stat $PID); then
     set -- $s
     if [ -n "$START" ] && [ "${{20}}" != "$START" ]; then echo reused; exit 0; fi
     [ "$3" = "$PID" ] || mode=pid
+    case $1 in Z|X|x) [ -n "$START" ] && proven=start;; *) proven=alive;; esac
+fi
+if [ -z "$proven" ] && [ -n "$LOGF" ]; then
+    # The leader is gone (or a zombie we cannot date): its group (an engine's children) is
+    # ours only while a member still holds our log; a group id is not reused while the group
+    # has members.
+    [ -n "$(_holders "$LOGF" | awk -v pg="$PGID" '$2 == pg')" ] || {{ echo none; exit 0; }}
 fi
 alive() {{ if [ $mode = group ]; then [ -n "$(_group)" ]; else _alive $PID; fi; }}
 sig() {{ if [ $mode = group ]; then kill -s $1 -- -$PGID; else kill -s $1 $PID; fi; }} 2>/dev/null
@@ -534,39 +551,71 @@ class Host(ABC):
         process counts only while it has ``log_file`` (or its ``.prev``) open as stdout, so a
         reused pid is never taken for ours. Returns ``{index: (pid, start_time)}``.
         """
-        if not entries:
-            return {}
-        calls = "\n".join(
+        return self.find_tracked(entries, (), timeout=timeout)[0]
+
+    def find_tracked(
+        self,
+        entries: Sequence[tuple[str, str, int | None]],
+        logs: Sequence[str],
+        timeout: float = 60.0,
+    ) -> tuple[dict[int, tuple[int, int]], dict[int, list[tuple[int, int]]]]:
+        """:meth:`find_started`, and in the same command every live process holding each of
+        ``logs`` (or its ``.prev``) open as stdout or stderr: a started process's children
+        inherit its log, so they are found even when their leader died. Returns
+        ``(find_started's answer, {index in logs: [(pid, pgid), ...]})``."""
+        if not entries and not logs:
+            return {}, {}
+        calls = [
             f"_find {i} {sh_quote_path(pidf)} {sh_quote_path(logf)} "
             + ("''" if pid is None else str(_check_pid(pid)))
             for i, (pidf, logf, pid) in enumerate(entries)
-        )
-        res = self._exec(_SH_FUNCS + _FIND_FUNC + calls + "\ntrue", timeout=timeout)
+        ]
+        calls += [
+            f"_holders {sh_quote_path(logf)} | sed 's/^/h{i} /'" for i, logf in enumerate(logs)
+        ]
+        script = _SH_FUNCS + _FIND_FUNC + "\n".join(calls) + "\ntrue"
+        res = self._exec(script, timeout=timeout)
         if res.rc != 0:
             raise HostError(
                 f"{self.name}: cannot look for running processes: {res.stderr.strip()}",
                 host=self.name,
             )
         found: dict[int, tuple[int, int]] = {}
+        holders: dict[int, list[tuple[int, int]]] = {}
         for line in res.stdout.splitlines():
             parts = line.split()
-            if len(parts) == 3 and all(x.isdigit() for x in parts):
+            if len(parts) != 3 or not all(x.isdigit() for x in parts[1:]):
+                continue
+            if parts[0].isdigit():
                 found[int(parts[0])] = (int(parts[1]), int(parts[2]))
-        return found
+            elif parts[0][:1] == "h" and parts[0][1:].isdigit():
+                holders.setdefault(int(parts[0][1:]), []).append((int(parts[1]), int(parts[2])))
+        return found, holders
 
-    def stop(self, pid: int, *, grace: float = 10.0, start_time: int | None = None) -> bool:
+    def stop(
+        self,
+        pid: int,
+        *,
+        grace: float = 10.0,
+        start_time: int | None = None,
+        log_file: str | None = None,
+    ) -> bool:
         """Stop the process group led by ``pid``: SIGTERM, wait up to ``grace`` s, SIGKILL.
 
         Idempotent: returns ``False`` when nothing was running (or ``pid`` now belongs to an
         unrelated process, detected by ``start_time`` from :meth:`process_start_time`),
         ``True`` when something was stopped. If ``pid`` is alive but not a group leader, only
-        that process is signalled. Raises HostError if the group survives SIGKILL.
+        that process is signalled. A group whose leader is dead is stopped too (an engine's
+        workers outlive a killed API server): with ``log_file``, only while one of its
+        members still has that log open (proof the group is the one we started); without,
+        by its id alone. Raises HostError if the group survives SIGKILL.
         """
         pid = _check_pid(pid)
         script = _SH_FUNCS + _STOP_SCRIPT.format(
             pid=pid,
             start="" if start_time is None else int(start_time),
             grace_cs=max(0, math.ceil(grace * 100)),
+            log="''" if log_file is None else sh_quote_path(log_file),
         )
         res = self._exec(script, timeout=grace + 60)
         out = res.stdout.strip()

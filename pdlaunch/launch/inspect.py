@@ -57,9 +57,15 @@ def status(
                 "log": ps.log_path,
                 "health_url": ps.health_url,
                 "error": found.unknown.get(ps.name),
+                # pids still running of a process whose leader died (partly dead)
+                "left_running": found.partial.get(ps.name, []),
             }
             if row["error"] is None:
                 row["alive"] = ps.name in found.alive
+            if row["left_running"]:
+                pids = " ".join(map(str, row["left_running"]))
+                row["health"] = f"partly dead: leader gone, still running: {pids}"
+                return row
             if ps.pid is None and ps.name not in found.alive:
                 row["alive"] = False if row["error"] is None else None
                 row["health"] = "not started"

@@ -140,8 +140,11 @@ class Survey:
     unknown: dict[str, str] = field(default_factory=dict)  # name -> why it could not be asked
     found: list[str] = field(default_factory=list)  # alive by their pid file, not by a record
     # Processes of this deployment running beside the recorded one (a second copy left by a
-    # crashed run): ours to stop, never to keep.
+    # crashed run, the children of a leader that died): ours to stop, never to keep.
     strangers: list[ProcessState] = field(default_factory=list)
+    # name -> pids still running of a process whose leader is gone (an engine's EngineCore
+    # and workers after its API server died): neither alive nor gone; stopped as strangers.
+    partial: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -151,7 +154,12 @@ class Survey:
 def survey(state: DeploymentState, pool: HostPool) -> Survey:
     """Ask every host, one command each, which of ``state``'s processes run; update ``state``:
     verified pids (and their start times) filled in, proven-gone ones cleared, unknown ones
-    left exactly as recorded."""
+    left exactly as recorded.
+
+    A process is its whole process group: its leader (the recorded pid) and every process
+    that holds its log open (children inherit it). A process counts as gone only when none
+    of them runs; members left by a dead leader, or holders outside the leader's group, are
+    returned as strangers (and the first as ``partial``)."""
     result = Survey()
     lock = threading.Lock()
     groups: dict[HostKey, list[ProcessState]] = {}
@@ -165,7 +173,7 @@ def survey(state: DeploymentState, pool: HostPool) -> Survey:
             for ps in procs:
                 entries.append((ps.pid_path, ps.log_path, ps.pid))  # the record
                 entries.append((ps.pid_path, ps.log_path, None))  # the pid file
-            found = host.find_started(entries)
+            found, holders = host.find_tracked(entries, [ps.log_path for ps in procs])
         except HostError as exc:
             with lock:
                 for ps in procs:
@@ -177,19 +185,34 @@ def survey(state: DeploymentState, pool: HostPool) -> Survey:
                 if rec is not None and ps.start_time is not None and rec[1] != ps.start_time:
                     rec = None  # the pid was reused by a process with the same log open?
                 pidf = found.get(2 * i + 1)
+                recorded_pid, recorded_start = ps.pid, ps.start_time
+                groups: set[int] = set()  # the process groups already accounted for
                 if rec is not None:
                     ps.pid, ps.start_time = rec
                     result.alive.append(ps.name)
+                    groups.add(rec[0])
                     if pidf is not None and pidf[0] != rec[0]:
                         extra = ProcessState(**{**vars(ps), "pid": pidf[0], "start_time": pidf[1]})
                         result.strangers.append(extra)
+                        groups.add(pidf[0])
                 elif pidf is not None:
                     ps.pid, ps.start_time = pidf
                     ps.started_at = ps.started_at or time.time()
                     result.alive.append(ps.name)
                     result.found.append(ps.name)
+                    groups.add(pidf[0])
                 else:
                     ps.pid, ps.start_time = None, None
+                left = [h for h in holders.get(i, []) if h[1] not in groups]
+                for pgid in sorted({pg for _, pg in left}):
+                    # Members of a group whose leader is gone (or that left the group) still
+                    # hold the log: the process is not gone until they are stopped too.
+                    start = recorded_start if pgid == recorded_pid else None
+                    extra = ProcessState(**{**vars(ps), "pid": pgid, "start_time": start})
+                    result.strangers.append(extra)
+                if left and ps.pid is None:
+                    result.partial[ps.name] = sorted(pid for pid, _ in left)
+                elif ps.pid is None:
                     result.gone.append(ps.name)
 
     parallel(one, groups.values())

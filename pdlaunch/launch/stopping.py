@@ -37,7 +37,7 @@ def stop_processes(
                 if view and not failed:
                     view.state = "stopping"
                     reporter.update()
-                host.stop(ps.pid, grace=grace, start_time=ps.start_time)
+                host.stop(ps.pid, grace=grace, start_time=ps.start_time, log_file=ps.log_path)
             host.run(f"rm -f -- {sh_quote_path(ps.secrets_path)}", timeout=60)
             with lock:
                 ps.pid = None

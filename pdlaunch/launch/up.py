@@ -406,7 +406,8 @@ def _reconcile(
     if same and not opts.replace:
         if found.strangers:
             reporter.step(
-                "stopping second copies left by an earlier run: "
+                "stopping processes the record does not track (second copies left by an "
+                "earlier run, or what a dead leader left running): "
                 + ", ".join(f"{s.name} (pid {s.pid})" for s in found.strangers)
             )
             copies = DeploymentState(
@@ -417,6 +418,9 @@ def _reconcile(
                 old.served_model_name,
             )
             _stop_or_keep(copies, found.strangers, pool, reporter, opts, save=False)
+        if not alive:
+            remove_state(plan.deployment)  # what was left of it is stopped: nothing runs
+            return fresh, []
         if set(alive) >= planned and old.status == "up":
             return UpResult(
                 changed=False,

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pdlaunch import facts
-from pdlaunch.addresses import host_key
+from pdlaunch.addresses import address_key
 from pdlaunch.devices import profile
 from pdlaunch.load import FieldPath
 from pdlaunch.nodeenv import managed_env
@@ -300,10 +300,10 @@ def _env_scopes(topo: Topology) -> Iterator[tuple[FieldPath, dict[str, str], lis
     by_host: dict[str, list] = {}
     by_instance: dict[tuple[str, int], list] = {}
     for n in nodes:
-        by_host.setdefault(host_key(n.host), []).append(n)
+        by_host.setdefault(address_key(n.host), []).append(n)  # as plan._host_settings
         by_instance.setdefault((n.role, n.index), []).append(n)
     for host, settings in topo.hosts.items():
-        yield ("hosts", host, "env"), settings.env, by_host.get(host_key(host), [])
+        yield ("hosts", host, "env"), settings.env, by_host.get(address_key(host), [])
     for role, i, inst in topo.instances():
         yield (role, i, "env"), inst.env, by_instance.get((role, i), [])
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pdlaunch.addresses import host_key, is_loopback, is_unspecified
+from pdlaunch.addresses import host_key, is_loopback, is_unspecified, same_address, same_machine
 from pdlaunch.devices import profile
 from pdlaunch.load import FieldPath
 from pdlaunch.ports import (
@@ -43,6 +43,39 @@ def unique_names(topo: Topology) -> Iterator[Finding]:
                 "pdlaunch plan (scripts, logs and state are keyed by name)",
             )
         seen.setdefault(node.name, node.path)
+
+
+@rule(
+    "host-settings",
+    "every `hosts:` entry names a host of the topology, as written",
+    "pdlaunch plan (settings are keyed by address, not by machine)",
+)
+def host_settings(topo: Topology) -> Iterator[Finding]:
+    # Settings apply to the address written (in its other spellings too), never to another
+    # loopback address of the same machine: SSH settings for 127.0.0.30 must not reach a
+    # router on 127.0.0.1. An entry no host uses would be dropped without a word.
+    used = [n.host for n in all_nodes(topo)] + [topo.router.host]
+    for name in topo.hosts:
+        if any(same_address(name, h) for h in used):
+            continue
+        alias = sorted({h for h in used if same_machine(name, h)})
+        if alias:
+            yield error(
+                "host-settings",
+                ("hosts", name),
+                f"hosts.{name} applies to hosts written {name!r} only; the topology runs on "
+                f"this machine as {', '.join(alias)}, which these settings do not reach",
+                f"key the settings by the address the nodes use (`hosts: {{{alias[0]}: ...}}`)",
+                "pdlaunch plan (settings are keyed by address, not by machine)",
+            )
+        else:
+            yield warning(
+                "host-settings",
+                ("hosts", name),
+                f"no prefill, decode or router runs on {name}: these settings are unused",
+                "remove the entry, or fix the host it names",
+                "pdlaunch plan (settings are keyed by address, not by machine)",
+            )
 
 
 @rule("dp-shape", "data-parallel sizes add up across an instance's nodes", SEED_GB200)

@@ -353,10 +353,50 @@ def test_bench_through_router(dep: Deployment) -> None:
     dep.check_prefill_log(mark)
 
 
+def _group(pgid: int) -> list[int]:
+    """Live members of process group ``pgid``, read from /proc (not through pdlaunch)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_bytes()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            out.append(int(entry.name))
+    return sorted(out)
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(E2E_TIMEOUT)
 def test_down_leaves_no_process(dep: Deployment) -> None:
-    """Last test of the module: stop the deployment and scan /proc."""
+    """Last test of the module: kill -9 decode's recorded pid (issue 26: its EngineCore lives
+    on, holding the model and the NIXL side channel), check status and doctor say so, then
+    stop the deployment and scan /proc."""
+    st = run([*PDLAUNCH, "status", str(dep.topology), "--json"], dep.env, 120)
+    rows = {r["process"]: r for r in json.loads(st.stdout)["processes"]}
+    leader = rows["decode-0"]["pid"]
+    members = [p for p in _group(leader) if p != leader]
+    assert members, f"decode's group has no member but its leader: {_group(leader)}"
+    os.kill(leader, signal.SIGKILL)  # the leader only, as `kill -9 PID` does
+    deadline = time.monotonic() + 10
+    while leader in _group(leader) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in _group(leader) if p != leader]
+    dep.numbers["leader_killed"] = {"leader": leader, "members": members, "left": left}
+    assert left, "nothing of decode outlived its leader: the case under test did not arise"
+    st = run([*PDLAUNCH, "status", str(dep.topology), "--json"], dep.env, 120)
+    assert st.returncode == 1, st.stdout
+    row = {r["process"]: r for r in json.loads(st.stdout)["processes"]}["decode-0"]
+    assert row["alive"] is False and row["left_running"], row
+    assert row["health"].startswith("partly dead"), row
+    doc = run([*PDLAUNCH, "doctor", str(dep.topology), "--json"], dep.env, 180)
+    assert doc.returncode == 1, f"{doc.stdout}\n{doc.stderr}"
+    found = [f for f in json.loads(doc.stdout)["findings"] if f["id"] == "process-partly-dead"]
+    assert [(f["process"], f["severity"]) for f in found] == [("decode-0", "error")], found
+
     t = time.monotonic()
     res = run([*PDLAUNCH, "down", str(dep.topology)], dep.env, 180)
     dep.timings["down_s"] = round(time.monotonic() - t, 1)
@@ -365,6 +405,7 @@ def test_down_leaves_no_process(dep: Deployment) -> None:
     while (left := _engines_under(dep.root)) and time.monotonic() < deadline:
         time.sleep(1)
     assert not left, f"processes left after down: {left}"
+    assert _group(leader) == [], "decode's EngineCore outlived `down`"
     assert not probe(dep.router + "/health", timeout=2).ok
 
 

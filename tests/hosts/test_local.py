@@ -439,6 +439,34 @@ def test_stop_kills_group_left_behind_by_dead_leader(case, tmp_path):
     assert live_group(pid) == []
 
 
+def test_dead_leader_children_are_found_by_their_log_and_stopped(case, tmp_path):
+    """Issue 26: kill -9 of the leader leaves its children (holding the log); find_tracked
+    finds them by the log they hold, stop(log_file=...) stops the leaderless group, and a
+    log nobody of that group holds proves nothing (the group is not touched)."""
+    log_file = str(tmp_path / "l")
+    started = case.host.start_tracked(
+        "sleep 1000 & sleep 1000 & wait", pid_file=str(tmp_path / "p"), log_file=log_file
+    )
+    pid = started.pid
+    assert wait_for(lambda: len(live_group(pid)) == 3), live_group(pid)
+    case.host.run(f"kill -9 {pid}", check=True)
+    assert wait_for(lambda: not case.host.is_alive(pid))
+    children = sorted(int(r.split()[0]) for r in live_group(pid))
+    assert len(children) == 2
+    found, holders = case.host.find_tracked(
+        [(str(tmp_path / "p"), log_file, pid)], [log_file, str(tmp_path / "other")]
+    )
+    assert found == {}  # the leader is gone...
+    assert sorted(holders[0]) == [(c, pid) for c in children]  # ...its group is not
+    assert 1 not in holders
+    # another log: no proof the group is ours, so nothing is signalled
+    assert case.host.stop(pid, grace=1, log_file=str(tmp_path / "other")) is False
+    assert sorted(int(r.split()[0]) for r in live_group(pid)) == children
+    assert case.host.stop(pid, grace=1, start_time=started.start_time, log_file=log_file)
+    assert live_group(pid) == []
+    assert case.host.find_tracked([], [log_file]) == ({}, {})
+
+
 def test_pid_reuse_guard(case, tmp_path):
     pid = case.host.start_detached(
         "exec sleep 300", pid_file=str(tmp_path / "p"), log_file=str(tmp_path / "l")

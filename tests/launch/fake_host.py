@@ -325,7 +325,35 @@ class FakeHost(Host):
                     found[i] = (proc.pid, proc.start_time)
         return found
 
-    def stop(self, pid: int, *, grace: float = 10.0, start_time: int | None = None) -> bool:
+    def find_tracked(
+        self,
+        entries: Sequence[tuple[str, str, int | None]],
+        logs: Sequence[str],
+        timeout: float = 60.0,
+    ) -> tuple[dict[int, tuple[int, int]], dict[int, list[tuple[int, int]]]]:
+        """As the real one: ``find_started``, and per log the live processes holding it (each
+        fake process leads its own group)."""
+        found = self.find_started(entries, timeout)
+        holders: dict[int, list[tuple[int, int]]] = {}
+        with self.world._lock:
+            for i, log_file in enumerate(logs):
+                for proc in self.world.processes:
+                    if (
+                        proc.host == self.name
+                        and proc.alive
+                        and proc.log_file in (log_file, log_file + ".prev")
+                    ):
+                        holders.setdefault(i, []).append((proc.pid, proc.pid))
+        return found, holders
+
+    def stop(
+        self,
+        pid: int,
+        *,
+        grace: float = 10.0,
+        start_time: int | None = None,
+        log_file: str | None = None,
+    ) -> bool:
         w = self.world
         with w._lock:
             proc = w._find(self.name, pid)

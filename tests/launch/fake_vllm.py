@@ -26,6 +26,8 @@ Behaviour is set by environment variables (topologies set them per instance via 
 ``FAKE_VLLM_DELAY``     seconds to wait before listening (default 0)
 ``FAKE_VLLM_REQUIRE_ENV``  comma-separated variable names that must be set (exit 4 otherwise);
                         only the names are ever printed, never the values
+``FAKE_VLLM_CHILDREN``  start that many child processes (``sleep``) in the engine's process
+                        group, holding its log as stdout, as vLLM's EngineCore and workers do
 """
 
 from __future__ import annotations
@@ -248,6 +250,11 @@ def main(argv: list[str]) -> int:
         return 3
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    for _ in range(int(os.environ.get("FAKE_VLLM_CHILDREN", "0") or 0)):
+        child = os.fork()  # inherits the group and the log, like EngineCore and its workers
+        if child == 0:
+            os.execvp("sleep", ["sleep", "3600"])
+        log(f"child pid {child}")
     if mode == "hang" or headless:
         log("not listening (hang/headless)")
         while not stop.wait(3600):

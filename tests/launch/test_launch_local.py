@@ -108,22 +108,17 @@ def test_down_without_state_finds_processes_by_pid_file_and_log(make_deployment,
     assert res.exit_code == 0 and "nothing recorded; nothing to stop" in res.output
     assert sorted(procs_under(dep.work_root)) == pids
 
-    # a pid file naming an unrelated process (a reused pid) must not get it killed
+    # a pid file naming an unrelated process (a reused pid) must not get it killed; the
+    # process it lost track of is still found, by the log it holds open (issue 26)
     plan = build_plan(load(dep.path)[0])
     decoy = subprocess.Popen(["sleep", "60"], start_new_session=True)
     prefill = plan.by_role("prefill")[0]
-    real_prefill_pid = Path(prefill.pid_path).read_text()
     Path(prefill.pid_path).write_text(f"{decoy.pid}\n")
     try:
         res = cli("down", dep.path, "--grace", "5")
         assert res.exit_code == 0, res.output
-        assert "2 process(es) found by their pid files and stopped" in res.output
+        assert "3 process(es) found by their pid files and stopped" in res.output
         assert decoy.poll() is None, "down killed a process that only a pid file named"
-        assert procs_under(dep.work_root) == [int(real_prefill_pid)]
-        Path(prefill.pid_path).write_text(real_prefill_pid)
-        res = cli("down", dep.path, "--grace", "5")
-        assert res.exit_code == 0, res.output
-        assert "1 process(es) found by their pid files" in res.output
         assert wait_no_procs(dep.work_root) == []
         res = cli("down", dep.path)
         assert res.exit_code == 0 and "no process of it runs" in res.output
@@ -466,5 +461,78 @@ def test_a_link_at_a_log_path_is_removed_not_appended_through(make_deployment, t
     assert res.exit_code == 0, res.output
     assert not (logs / "router.log").is_symlink() and (logs / "router.log").is_file()
     assert not target.exists()
+    assert cli("down", dep.path).exit_code == 0
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live members of a process group, read from /proc (not through pdlaunch)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            out.append(int(entry))
+    return sorted(out)
+
+
+def test_engine_leader_killed_children_live_until_down(make_deployment):
+    """Issue 26: an engine is its process group. The API server (the recorded pid) killed
+    with -9 leaves EngineCore/workers running (here: two children holding the log, as vLLM's
+    do): status says partly dead, doctor says so as an error, down stops them all."""
+    dep = make_deployment("orphans", decode_env={"FAKE_VLLM_CHILDREN": "2"})
+    res = cli("up", dep.path, "--timeout", "120")
+    assert res.exit_code == 0, res.output
+    leader = load_state("orphans").process("decode-0").pid
+    children = [p for p in _group_members(leader) if p != leader]
+    assert len(children) == 2, _group_members(leader)
+    os.kill(leader, signal.SIGKILL)  # the leader only: its children live on
+    deadline = time.monotonic() + 5
+    while leader in procs_under(dep.work_root) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _group_members(leader) == children
+
+    res = cli("status", dep.path, "--json")
+    assert res.exit_code == 1
+    row = {r["process"]: r for r in json.loads(res.stdout)["processes"]}["decode-0"]
+    assert row["alive"] is False and row["left_running"] == children
+    assert row["health"].startswith("partly dead")
+    res = cli("status", dep.path)
+    assert res.exit_code == 1 and "partly" in res.output
+
+    res = cli("doctor", dep.path, "--json")
+    assert res.exit_code == 1, res.output
+    found = [f for f in json.loads(res.stdout)["findings"] if f["id"] == "process-partly-dead"]
+    assert [(f["process"], f["severity"]) for f in found] == [("decode-0", "error")]
+    assert all(str(c) in found[0]["what"] for c in children)
+
+    res = cli("down", dep.path)
+    assert res.exit_code == 0, res.output
+    assert _group_members(leader) == []
+    assert wait_no_procs(dep.work_root) == []
+    assert load_state("orphans") is None
+
+
+def test_up_stops_what_a_dead_leader_left_before_starting_again(make_deployment):
+    """`up` over a partly dead engine does not adopt it nor start a second one beside its
+    children: it stops the group, then starts the engine afresh."""
+    dep = make_deployment("restart", decode_env={"FAKE_VLLM_CHILDREN": "1"})
+    assert cli("up", dep.path, "--timeout", "120").exit_code == 0
+    leader = load_state("restart").process("decode-0").pid
+    (_child,) = [p for p in _group_members(leader) if p != leader]
+    os.kill(leader, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while leader in procs_under(dep.work_root) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    res = cli("up", dep.path, "--timeout", "120")
+    assert res.exit_code == 0, res.output
+    assert _group_members(leader) == []  # the old child is gone
+    new = load_state("restart").process("decode-0").pid
+    assert new != leader and len(_group_members(new)) == 2
     assert cli("down", dep.path).exit_code == 0
     assert wait_no_procs(dep.work_root) == []

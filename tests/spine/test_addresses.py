@@ -164,3 +164,51 @@ def test_cpu_cores_are_shared_by_every_spelling_of_one_machine():
         if p.role != "router"
     }
     assert binds["prefill-0"] != binds["decode-0"], binds
+
+
+def _plan(data: dict):
+    topo, _ = load_text(yaml.safe_dump(data, sort_keys=False), "t.yaml")
+    return {p.name: p for p in build_plan(topo).processes}
+
+
+def test_host_settings_are_keyed_by_the_address_as_written():
+    """Issue 26: settings written for 127.0.0.30 (its own sshd: another host to pdlaunch) are
+    not those of a router on 127.0.0.1, though both are this machine; `up` dialled the router
+    over SSH on 127.0.0.30's port and failed."""
+    data = topology(
+        {"host": "127.0.0.30", "bind": "127.0.0.30"},
+        {"host": "127.0.0.30", "bind": "127.0.0.30", "port": 8201},
+        hosts={
+            "127.0.0.30": {
+                "local": False,
+                "ssh": {"port": 2222, "key": "/k/id"},
+                "env": {"ONLY_ON_30": "1"},
+                "work_dir": "/w30",
+            }
+        },
+    )
+    assert errors(data) == []
+    procs = _plan(data)
+    for name in ("prefill-0", "decode-0"):
+        p = procs[name]
+        assert (p.local, p.ssh.port, p.ssh.key) == (False, 2222, "/k/id")
+        assert p.env.get("ONLY_ON_30") == "1" and p.work_dir.startswith("/w30/")
+    router = procs["router"]
+    assert router.local is True and router.ssh.port is None and router.ssh.key is None
+    assert "ONLY_ON_30" not in router.env and not router.work_dir.startswith("/w30/")
+
+
+def test_host_settings_follow_other_spellings_of_the_same_address_only():
+    # 127.1 is 127.0.0.1 (the C resolver's legacy form); localhost is another name (it may be
+    # ::1): settings for it do not reach a node written 127.0.0.1
+    data = topology(
+        {"host": "127.0.0.1", "bind": "127.0.0.1"},
+        {"host": "localhost", "bind": "127.0.0.1", "port": 8201},
+        hosts={"LocalHost.": {"env": {"B": "1"}}, "127.1": {"env": {"A": "1"}}},
+    )
+    assert errors(data) == []
+    procs = _plan(data)
+    assert procs["prefill-0"].env.get("A") == "1" and "B" not in procs["prefill-0"].env
+    assert procs["decode-0"].env.get("B") == "1" and "A" not in procs["decode-0"].env
+    # still one machine for ports: the same port on both spellings clashes
+    assert same_machine("127.1", "localhost")

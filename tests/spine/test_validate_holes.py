@@ -486,9 +486,10 @@ def test_removed_mooncake_module_path():
 # Found while writing the above: holes that are still open (these tests fail until fixed).
 
 
-def test_hosts_settings_under_a_loopback_alias_reach_the_plan():
-    # The rules apply `hosts.localhost` to nodes at 127.0.0.1 (host_key: one machine), so the
-    # plan must too: else `env`/`work_dir`/`ssh` written there are silently dropped.
+def test_hosts_settings_under_a_loopback_alias_are_refused_not_dropped():
+    # Settings are keyed by the address as written (issue 26: `hosts.127.0.0.30` reached a
+    # router on 127.0.0.1). `hosts.localhost` with every node at 127.0.0.1 would then be
+    # dropped: validate refuses it, naming the spelling the nodes use.
     text = (
         doc(
             p_host="127.0.0.1",
@@ -502,12 +503,13 @@ def test_hosts_settings_under_a_loopback_alias_reach_the_plan():
         .replace("    port: 8100\n", "    port: 8100\n    bind: 127.0.0.1\n")
         .replace("    port: 8200\n", "    port: 8200\n    bind: 127.0.0.1\n")
     )
-    no_errors(text)
-    topo, _ = load_text(text)
-    # The rules' view: hosts.localhost.env reaches both nodes (a managed var there is refused).
-    _, found = run_rules(text.replace("HF_HOME", "UCX_TLS"))
-    assert "managed-env" in {f.rule for f in found}
-    # The plan's view must agree.
+    _, found = run_rules(text)
+    bad = [f for f in found if f.rule == "host-settings"]
+    assert [(f.severity, f.field) for f in bad] == [("error", ("hosts", "localhost"))]
+    assert "127.0.0.1" in bad[0].message and "127.0.0.1" in bad[0].fix
+    # keyed by the nodes' own spelling, the settings reach every process, router included
+    no_errors(text.replace("  localhost:\n", "  127.0.0.1:\n"))
+    topo, _ = load_text(text.replace("  localhost:\n", "  127.0.0.1:\n"))
     for p in build_plan(topo).processes:
         assert p.env.get("HF_HOME") == "/data", (p.name, p.env)
         assert p.work_dir == "/srv/pd/t", (p.name, p.work_dir)
