@@ -27,6 +27,7 @@ from pydantic import (
 from pdlaunch.addresses import canonical_host
 from pdlaunch.addresses import is_loopback as is_loopback
 from pdlaunch.devices import device_kinds
+from pdlaunch.plugins import default_for, profile_ids, profiles, unknown_message
 
 
 def _known_device(kind: Any) -> Any:
@@ -191,6 +192,12 @@ class Instance(Strict):
     ucx_tls: str | None = Field(None, description="UCX_TLS (default: defaults.ucx_tls)")
     kv_port: Port | None = Field(None, description="Mooncake kv_port (default: allocated)")
     engine_id: str | None = Field(None, description="Mooncake engine_id (default: allocated)")
+    plugin: str | None = Field(
+        None,
+        description="Plugin profile the node runs, e.g. vllm-gaudi@e269485 (default: the "
+        "device kind's newest; pdlaunch/facts/plugins/)",
+        json_schema_extra={"enum": [*profile_ids(), None]},
+    )
     env: EnvMap = Field(default_factory=dict)
     extra_args: list[str] = Field(default_factory=list)
     ssh: Ssh | None = None
@@ -198,6 +205,13 @@ class Instance(Strict):
     vllm_bin: str | None = None
 
     _env = field_validator("env")(_check_env)
+
+    @field_validator("plugin")
+    @classmethod
+    def _plugin(cls, v: str | None) -> str | None:
+        if v is not None and v not in profiles():
+            raise ValueError(unknown_message(v))
+        return v
 
     @field_validator("name")
     @classmethod
@@ -232,6 +246,13 @@ class Instance(Strict):
             raise ValueError("give exactly one of 'host' or 'hosts'")
         if self.hosts is not None and not self.hosts:
             raise ValueError("'hosts' needs at least one host")
+        if self.plugin is not None and profiles()[self.plugin].device != self.device:
+            own = [p for p, x in profiles().items() if x.device == self.device]
+            raise ValueError(
+                f"plugin {self.plugin} runs on {profiles()[self.plugin].device}, not "
+                f"{self.device}; {self.device} profiles: {', '.join(own) or 'none'} "
+                f"(default {default_for(self.device) or 'none'})"
+            )
         return self
 
     @property

@@ -322,11 +322,6 @@ KV_KEYS_0_32 = (
     "vLLM 0.32's KVTransferConfig forbids extra keys, so pdlaunch need not pass them "
     "(test_kv_transfer_config_keys_exist_in_vllm_0_32 checks it does not)"
 )
-EXTENSION_CLASS = (
-    "Case 2 runs on the patched dev/prefill_KV_process vLLM branch (PR 30448) with the "
-    "stock class name; pdlaunch targets stock vLLM 0.32 and loads its prefill-side "
-    "re-blocking subclass PdlaunchNixlConnector via kv_connector_module_path"
-)
 
 D2D_GAUDI_ONLY = (
     "VLLM_NIXL_DEVICE_TO_DEVICE is read only by vllm-gaudi (vllm_gaudi/platform.py:402); "
@@ -335,11 +330,6 @@ D2D_GAUDI_ONLY = (
 PROXY_ABSOLUTE = (
     "the guide runs the proxy script from a checkout's directory; pdlaunch's script runs in "
     "its work dir, so the topology names the script's absolute path (rule router-binary)"
-)
-MOONCAKE_REGISTERED = (
-    "vllm_ascend.distributed.mooncake_connector no longer exists (vllm-ascend #5719); "
-    "vllm-ascend registers MooncakeConnectorV1 itself and vLLM 0.32 would import a module "
-    "path before its registry (factory.py:106-114), so pdlaunch passes none"
 )
 GB200_0_32 = {
     "flag:--swap-space": "removed from vLLM with the V0 engine (vllm PR 36216); 0.32 exits "
@@ -385,10 +375,9 @@ HETERO_SCRIPTS = {
     ("case1", "cuda"): ("prefill-0", _CUDA_ALLOWED),
     ("case1", "gaudi"): ("decode-0", _HETERO_ALLOWED),
     ("case2", "cuda"): ("decode-0", _CUDA_ALLOWED),
-    ("case2", "gaudi"): (
-        "prefill-0",
-        _HETERO_ALLOWED | {"kv:kv_connector": EXTENSION_CLASS},
-    ),
+    # The guide's pin (vllm-gaudi@e269485 on PR 30448's vLLM branch): pdlaunch renders the
+    # guide's own NixlConnector config on the Gaudi prefill, not its extension.
+    ("case2", "gaudi"): ("prefill-0", _HETERO_ALLOWED),
 }
 
 
@@ -410,10 +399,9 @@ def test_hetero_node_matches_seed(case, node, tmp_path, fakebin):
     ran = run_script(scripts[process], fakebin)
     assert_matches_seed(hetero_script(case, node), ran, allowed)
     assert_split_role(process, ran)
-    if "kv:kv_connector" in allowed:
-        cfg = json.loads(flag_values(ran, "--kv-transfer-config")[0])
-        assert cfg["kv_connector"] == "PdlaunchNixlConnector"
-        assert cfg["kv_connector_module_path"] == "pdlaunch.kv.connector"
+    cfg = json.loads(flag_values(ran, "--kv-transfer-config")[0])
+    assert cfg["kv_connector"] == "NixlConnector"
+    assert "kv_connector_module_path" not in cfg
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -444,7 +432,6 @@ ASCEND_ALLOWED = {
     "flag:--data-parallel-rpc-port": DP_ONLY_ABOVE_ONE,
     "kv:kv_parallel_size": KV_KEYS_0_32,
     "kv:kv_rank": KV_KEYS_0_32,
-    "kv:kv_connector_module_path": MOONCAKE_REGISTERED,
 }
 
 

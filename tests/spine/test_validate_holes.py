@@ -478,8 +478,17 @@ def test_removed_mooncake_module_path():
         kind="mooncake",
         kv=f"  mooncake:\n    module_path: vllm_ascend.distributed.mooncake_connector  {MARK}\n",
     )
-    finding(text, "connector-module", ("kv_connector", "mooncake", "module_path"))
+    f = finding(text, "connector-module", ("kv_connector", "mooncake", "module_path"))
+    assert "vllm-ascend@0.23.0.post1" in f.message  # the default build: the path moved
     no_errors(doc(p_dev="npu", d_dev="npu", kind="mooncake"))
+    # The Ascend guide's 2025-09 build has exactly that module (plugin profile
+    # vllm-ascend@2025-09, read from vllm-ascend af62af3c): accepted there.
+    pinned = "    plugin: vllm-ascend@2025-09\n"
+    no_errors(
+        text.replace("    port: 8100\n", "    port: 8100\n" + pinned).replace(
+            "    port: 8200\n", "    port: 8200\n" + pinned
+        )
+    )
 
 
 # ---------------------------------------------------------------------------------------------
