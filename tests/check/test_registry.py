@@ -55,6 +55,7 @@ def test_selection():
         "ascend.npu_smi",
         "ascend.hccn_conf",
         "ascend.link",
+        "ascend.link_stat",
         "ascend.ip",
         "ascend.tls",
         "ports.listen",
@@ -74,6 +75,8 @@ def test_selection():
         "bandwidth.ib_write_bw",
     ]
     assert "bandwidth.ib_write_bw" not in ids(select_probes(*ascend_rdma, scope="pair"))
+    # `up`'s quick subset pings the NPUs (the Ascend guide's connectivity check)
+    assert "ascend.ping" in ids(select_probes(*ascend_rdma, scope="pair", fast_only=True))
     assert ids(select_probes(set(), {"rdma"}, alternatives=True))[:3] == [
         "rdma.sysfs",
         "rdma.ibv_devinfo",
