@@ -84,7 +84,9 @@ def derived_env(topo: Topology, node: Node) -> dict[str, EnvValue]:
                 # handshake took 30 s instead of 0.05 s (docs/cpu-pd-recipe.md).
                 env["UCX_NET_DEVICES"] = EnvValue("lo", "host (loopback)")
         # nixl/base_scheduler.py:76 (side-channel port + DP rank); the host decode dials.
-        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = EnvValue(node.host, "host / hosts")
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = EnvValue(
+            topo.kv_address(node.host), "host / hosts (or hosts.<host>.address)"
+        )
         base = side_channel_bases(topo)[(node.role, node.index)]
         env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = EnvValue(
             str(base), "side_channel_port / kv_connector.side_channel_port"

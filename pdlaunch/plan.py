@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 # The KV extension's root imports no torch/vLLM: its config builder runs here.
 from pdlaunch import kv as kv_extension
 from pdlaunch import kvgeometry as kv
-from pdlaunch.addresses import host_key, is_local_control_host
+from pdlaunch.addresses import is_local_control_host
 from pdlaunch.devices import profile
 from pdlaunch.nodeenv import derived_env, devices_of
 from pdlaunch.plugins import default_for as plugin_default
@@ -75,6 +75,8 @@ class Process(Frozen):
     # UCX_TLS / UCX_NET_DEVICES as planned (derived or the user's env), for check.
     ucx_tls: str | None = None
     ucx_net_devices: str | None = None
+    # The address decode dials for this node's NIXL side channel (hosts.<h>.address or host).
+    kv_host: str | None = None
     work_dir: str
     script_path: str
     log_path: str
@@ -127,12 +129,7 @@ def _url_host(host: str) -> str:
 
 
 def _host_settings(topo: Topology, host: str) -> HostSettings:
-    # The rules decide "same host" with host_key (every loopback spelling is one machine), so
-    # settings written under `localhost` apply to a node at 127.0.0.1 here too.
-    if host in topo.hosts:
-        return topo.hosts[host]
-    key = host_key(host)
-    return next((s for h, s in topo.hosts.items() if host_key(h) == key), HostSettings())
+    return topo.settings_of(host)
 
 
 def _work_dir(topo: Topology, host: str, override: str | None) -> str:
@@ -366,6 +363,7 @@ def _node_process(topo: Topology, node: Node, bases: dict, mooncake: dict) -> Pr
         vllm_bin=inst.vllm_bin or topo.defaults.vllm_bin,
         ucx_tls=env.get("UCX_TLS"),
         ucx_net_devices=env.get("UCX_NET_DEVICES"),
+        kv_host=topo.kv_address(node.host) if topo.kv_connector.kind == "nixl" else None,
         path_prepend=prepend,
         secret_env=secret,
         ports=ports,

@@ -24,7 +24,7 @@ from pydantic import (
 
 # Address predicates live in pdlaunch.addresses (one definition for rules, plan and hosts);
 # is_loopback stays importable from here for nodeenv.py.
-from pdlaunch.addresses import canonical_host
+from pdlaunch.addresses import canonical_host, host_key, is_ip_literal
 from pdlaunch.addresses import is_loopback as is_loopback
 from pdlaunch.devices import device_kinds
 from pdlaunch.plugins import default_for, profile_ids, profiles, unknown_message
@@ -103,8 +103,21 @@ class HostSettings(Strict):
     local: bool | None = Field(
         None, description="Run without SSH (default: true for 127.0.0.1/localhost/::1)"
     )
+    address: str | None = Field(
+        None,
+        description="The node's IP address peers dial for KV (VLLM_NIXL_SIDE_CHANNEL_HOST; "
+        "the GB200 guide's $(hostname -i)); default: the host itself, which must then be an "
+        "address",
+    )
 
     _env = field_validator("env")(_check_env)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        if v is not None and not is_ip_literal(v):
+            raise ValueError(f"{v!r} is not an IP address (a name may resolve elsewhere)")
+        return v
 
 
 class Model(Strict):
@@ -359,6 +372,18 @@ class Topology(Strict):
         if not NAME.match(v):
             raise ValueError("use letters, digits, '.', '_' or '-' (at most 63 characters)")
         return v
+
+    def settings_of(self, host: str) -> HostSettings:
+        """`hosts:` settings of a node: the rules decide "same host" with host_key (every
+        loopback spelling is one machine), so settings under `localhost` apply to 127.0.0.1."""
+        if host in self.hosts:
+            return self.hosts[host]
+        key = host_key(host)
+        return next((s for h, s in self.hosts.items() if host_key(h) == key), HostSettings())
+
+    def kv_address(self, host: str) -> str:
+        """The address peers dial for KV on this node (VLLM_NIXL_SIDE_CHANNEL_HOST)."""
+        return self.settings_of(host).address or host
 
     def instances(self) -> list[tuple[Role, int, Instance]]:
         return [("prefill", i, x) for i, x in enumerate(self.prefill)] + [

@@ -309,10 +309,12 @@ def reach_pairs(plan: Plan) -> list[_Reach]:
     prefill, decode = plan.by_role("prefill"), plan.by_role("decode")
     for d in decode:
         for pf in prefill:
-            # the plan advertises the node's own host as its side-channel host (nodeenv)
+            # decode dials the side-channel host the plan advertises (nodeenv: the node's
+            # hosts.<h>.address, else its host)
             for pp in pf.ports:
                 if pp.kind in ("nixl_side_channel", "mooncake_kv"):
-                    out.append(_Reach(d.name, pf.name, pf.host, pp.port, pp.purpose))
+                    dest = (pf.kv_host or pf.host) if pp.kind == "nixl_side_channel" else pf.host
+                    out.append(_Reach(d.name, pf.name, dest, pp.port, pp.purpose))
     for r in plan.by_role("router"):
         for proc in [*prefill, *decode]:
             for pp in proc.ports:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pdlaunch.addresses import host_key, is_loopback, is_unspecified
+from pdlaunch.addresses import host_key, is_ip_literal, is_loopback, is_unspecified
 from pdlaunch.devices import profile
 from pdlaunch.load import FieldPath
 from pdlaunch.ports import (
@@ -241,6 +241,42 @@ def host_address(topo: Topology) -> Iterator[Finding]:
                 "where it listens",
                 f"{SEED_GB200}; POSIX bind(2) INADDR_ANY",
             )
+
+
+@rule(
+    "side-channel-host",
+    "the NIXL side-channel host is an IP address, not a name",
+    f"{SEED_GB200} (VLLM_NIXL_SIDE_CHANNEL_HOST=$(hostname -i))",
+)
+def side_channel_host(topo: Topology) -> Iterator[Finding]:
+    """The prefill binds tcp://VLLM_NIXL_SIDE_CHANNEL_HOST:port and hands the same string to
+    decode to dial (nixl/base_scheduler.py:348-351): a name is resolved twice, on two
+    machines, and may land elsewhere (a Debian /etc/hosts maps the own hostname to
+    127.0.1.1, so the listener would be on loopback)."""
+    if topo.kv_connector.kind != "nixl":
+        return
+    seen: set[str] = set()
+    for node in all_nodes(topo):
+        addr = topo.kv_address(node.host)
+        if is_ip_literal(addr) or is_loopback(addr) or addr in seen:
+            continue
+        seen.add(addr)
+        inst = node.instance
+        field: FieldPath = (
+            (*node.path, "host")
+            if inst.host is not None
+            else (*node.path, "hosts", node.node_index)
+        )
+        yield error(
+            "side-channel-host",
+            field,
+            f"{node.name}'s NIXL side channel would be advertised as the name {addr!r}; the "
+            "node binds it and decode dials it, each resolving the name on its own machine",
+            f"add `hosts: {{{addr}: {{address: <its IP on the KV network>}}}}`, or use the IP "
+            "as the host",
+            f"{SEED_GB200} (VLLM_NIXL_SIDE_CHANNEL_HOST=$(hostname -i)); "
+            "vllm nixl/base_scheduler.py:348-351",
+        )
 
 
 @rule("router-binary", "the router program is found where the script runs", "pdlaunch render")

@@ -108,10 +108,10 @@ REBLOCK = {
     "deployment": "t",
     "model": {"name": "m"},
     # A CUDA prefill: the extension re-blocks 4-D CUDA caches (Gaudi converts natively).
-    "prefill": [{"host": "a", "device": "cuda", "block_size": 128, "kv_layout": "NHD"}],
+    "prefill": [{"host": "10.0.0.1", "device": "cuda", "block_size": 128, "kv_layout": "NHD"}],
     "decode": [
-        {"host": "b", "device": "cuda", "block_size": 16},
-        {"host": "c", "device": "cuda", "block_size": 32},
+        {"host": "10.0.0.2", "device": "cuda", "block_size": 16},
+        {"host": "10.0.0.3", "device": "cuda", "block_size": 32},
     ],
     "kv_connector": {"kind": "nixl", "load_failure_policy": "recompute", "kv_lease_duration": 90},
     "router": {"host": "r"},

@@ -507,6 +507,15 @@ GB200_NODES = {
     "decode-0-node1": ("decode-worker", "gb200-d0-worker", {}),
 }
 GB200_SECRET = {"HF_TOKEN": "test-token"}
+# `$(hostname -i)` on each node: the example's hosts.<node>.address
+GB200_ADDRESS = {
+    "gb200-p0-master": "10.0.1.1",
+    "gb200-p0-worker": "10.0.1.2",
+    "gb200-p1-master": "10.0.1.3",
+    "gb200-p1-worker": "10.0.1.4",
+    "gb200-d0-master": "10.0.1.5",
+    "gb200-d0-worker": "10.0.1.6",
+}
 
 
 def gb200_node_seed(process: str) -> SeedCommand:
@@ -520,7 +529,7 @@ def gb200_node_seed(process: str) -> SeedCommand:
     assert [b.split("=", 1)[0] for b in blocks] == ["COMMON_ARGS", "PREFILL_ARGS", "DECODE_ARGS"]
     args = "\n".join(blocks)
     command = text[step]
-    literal = GB200_HOSTS | GB200_LITERAL | mapping | {"$(hostname -i)": host}
+    literal = GB200_HOSTS | GB200_LITERAL | mapping | {"$(hostname -i)": GB200_ADDRESS[host]}
     return vllm_serve(parse_shell(f"{exports}\n{args}\n{command}", {}, literal))
 
 
@@ -570,7 +579,7 @@ def test_gb200_dp_flags_per_node(gb200_ran):
         start = flag_values(ran, "--data-parallel-start-rank")
         assert start == ([] if node == "node0" else ["4"]), process
         assert ran.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
-        assert ran.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == GB200_NODES[process][1]
+        assert ran.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == GB200_ADDRESS[GB200_NODES[process][1]]
         assert ran.env["HF_TOKEN"] == GB200_SECRET["HF_TOKEN"]
 
 

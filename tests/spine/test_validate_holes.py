@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from pdlaunch import facts
 from pdlaunch.cli import app
-from pdlaunch.load import load_text
+from pdlaunch.load import LoadError, load_text
 from pdlaunch.nodeenv import VISIBLE_DEVICE_VARS, managed_env
 from pdlaunch.plan import build_plan
 from pdlaunch.ports import all_nodes
@@ -297,11 +297,16 @@ def test_dp_master_address_unspecified():
 # 5. One host, two spellings.
 
 
+# A named node's KV address (side-channel-host): the names above stay for SSH and HTTP.
+NODE1_ADDRESS = "hosts:\n  %s:\n    address: 10.0.0.9\n"
+
+
 def test_port_conflict_across_host_spellings():
     text = doc(
         p_host="node1.example.com",
         d_host="NODE1.example.com.",
         decode="    devices: [1]\n",
+        hosts=NODE1_ADDRESS % "node1.example.com",
     ).replace("    port: 8200\n", "    port: 8100  #<\n")
     finding(text, "port-conflict", ("decode", 0, "port"))
     # Control: another port on the same host is fine.
@@ -314,6 +319,7 @@ def test_devices_conflict_across_host_spellings():
         d_host="node1",
         prefill="    devices: [0]\n",
         decode=f"    devices: [0]  {MARK}\n",
+        hosts=NODE1_ADDRESS % "node1",
     )
     finding(text, "devices", ("decode", 0, "devices"))
     no_errors(text.replace(f"    devices: [0]  {MARK}", "    devices: [1]"))
@@ -793,3 +799,27 @@ def test_config_file_flag_is_managed():
     )
     (f,) = [f for f in found if f.rule == "managed-flag"]
     assert f.field == ("prefill", 0, "extra_args", 0) and "extra_args" in f.fix
+
+
+def test_side_channel_host_must_be_an_address():
+    # The GB200 guide exports VLLM_NIXL_SIDE_CHANNEL_HOST=$(hostname -i): an address. A name
+    # is resolved by the binding prefill and the dialing decode separately.
+    text = doc(p_host=f"gaudi-node-1  {MARK}")
+    f = finding(text, "side-channel-host", ("prefill", 0, "host"))
+    assert "address" in f.fix and "gaudi-node-1" in f.message
+    with_address = doc(p_host="gaudi-node-1", hosts=NODE1_ADDRESS % "gaudi-node-1")
+    no_errors(with_address)
+    topo, _ = load_text(with_address, "t.yaml")
+    p = build_plan(topo).by_role("prefill")[0]
+    assert p.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == p.kv_host == "10.0.0.9"
+    assert p.host == "gaudi-node-1"  # SSH and HTTP keep the name
+    # Mooncake has no NIXL side channel.
+    no_errors(
+        doc(p_host="npu-node-1", d_host="npu-node-2", p_dev="npu", d_dev="npu", kind="mooncake")
+    )
+
+
+def test_host_address_must_be_an_ip():
+    with pytest.raises(LoadError) as info:
+        load_text(doc(hosts="hosts:\n  10.0.0.1:\n    address: gaudi-node-1\n"), "t.yaml")
+    assert "not an IP address" in info.value.problems[0].message
