@@ -279,6 +279,41 @@ def side_channel_host(topo: Topology) -> Iterator[Finding]:
         )
 
 
+def relative_path(value: str) -> bool:
+    """A filesystem path relative to the current directory: `./m`, `../m`, `~/m` (never
+    expanded inside a quoted argv word), or `a/b/c` (a Hugging Face id is `org/name`)."""
+    if value.startswith("/"):
+        return False
+    return value in (".", "..") or value.startswith(("./", "../", "~")) or value.count("/") >= 2
+
+
+@rule("model-path", "model paths are absolute: engines start in their work dir", "pdlaunch render")
+def model_path(topo: Topology) -> Iterator[Finding]:
+    """A relative path resolves against <work_dir>/<deployment> on the node, where the
+    scripts `cd` (the Ascend guide's `./Qwen3-8B` meant its container's `-w /home`)."""
+    fields: list[tuple[FieldPath, str]] = [(("model", "name"), topo.model.name)]
+    if topo.model.tokenizer:
+        fields.append((("model", "tokenizer"), topo.model.tokenizer))
+    fields += [
+        ((role, i, "model_path"), inst.model_path)
+        for role, i, inst in topo.instances()
+        if inst.model_path
+    ]
+    for field, value in fields:
+        if relative_path(value):
+            yield error(
+                "model-path",
+                field,
+                f"{value} is a relative path, but each engine starts in its work dir "
+                f"(<work_dir>/{topo.deployment}) on its node, where it would not be found",
+                "give the absolute path on the nodes (the Ascend guide's ./Qwen3-8B is "
+                "/home/Qwen3-8B in its container, -w /home); keep the name clients use with "
+                "model.served_name",
+                f"pdlaunch render (scripts cd to the work dir); {SEED_ASCEND} ('replace the "
+                "model file path ./Qwen3-8B with the actual file path')",
+            )
+
+
 @rule("router-binary", "the router program is found where the script runs", "pdlaunch render")
 def router_binary(topo: Topology) -> Iterator[Finding]:
     binary = topo.router.binary

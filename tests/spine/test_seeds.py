@@ -432,6 +432,11 @@ ASCEND_ALLOWED = {
     "flag:--data-parallel-rpc-port": DP_ONLY_ABOVE_ONE,
     "kv:kv_parallel_size": KV_KEYS_0_32,
     "kv:kv_rank": KV_KEYS_0_32,
+    "positional": (
+        "the guide's ./Qwen3-8B is relative to its container's -w /home; pdlaunch's engines "
+        "start in their work dir, so the example names /home/Qwen3-8B (rule model-path) and "
+        "serves it as ./Qwen3-8B, the name the guide's curl sends"
+    ),
 }
 
 
@@ -456,7 +461,10 @@ def test_ascend_node_matches_seed(role, kv_role, tmp_path, fakebin):
         parse_shell(reflow_flattened(lines[0]), {"LD_LIBRARY_PATH": INHERITED_LD}, {})
     )
     scripts = render(TOPOLOGIES / "ascend-mooncake-tp2.yaml", tmp_path / "out")
-    assert_matches_seed(seed, run_script(scripts[f"{role}-0"], fakebin), ASCEND_ALLOWED)
+    ran = run_script(scripts[f"{role}-0"], fakebin)
+    assert_matches_seed(seed, ran, ASCEND_ALLOWED)
+    assert ran.argv[2] == "/home/Qwen3-8B"
+    assert flag_values(ran, "--served-model-name") == ["./Qwen3-8B"]
 
 
 def test_ascend_proxy_matches_seed(tmp_path, fakebin):

@@ -823,3 +823,17 @@ def test_host_address_must_be_an_ip():
     with pytest.raises(LoadError) as info:
         load_text(doc(hosts="hosts:\n  10.0.0.1:\n    address: gaudi-node-1\n"), "t.yaml")
     assert "not an IP address" in info.value.problems[0].message
+
+
+@pytest.mark.parametrize("path", ["./Qwen3-8B", "../models/q", "~/models/q", "data/models/q"])
+def test_relative_model_path_is_refused(path):
+    # The shipped Ascend example's ./Qwen3-8B: engines start in <work_dir>/<deployment>.
+    f = finding(doc(model=f"  tokenizer: {path}  {MARK}\n"), "model-path", ("model", "tokenizer"))
+    assert "absolute" in f.fix
+    text = doc(prefill=f"    model_path: {path}  {MARK}\n", model="  served_name: q\n")
+    finding(text, "model-path", ("prefill", 0, "model_path"))
+
+
+def test_hub_ids_and_absolute_paths_are_not_relative():
+    no_errors(doc(model="  tokenizer: Qwen/Qwen3-8B\n"))
+    no_errors(doc(prefill="    model_path: /data/m\n", model="  served_name: q\n"))
