@@ -112,3 +112,26 @@ def test_runner_reads_typed_facts_only():
     )
     found = plan_facts_violations(old)
     assert sorted(found) == sorted(["cuda", "nvidia", "nvidia.smi", "UCX_TLS", ".argv"])
+
+
+def test_ucx_probe_loads_ucx_the_way_the_engine_will():
+    # The Gaudi guide installs UCX under /tmp/ucx_install/lib and exports it in
+    # LD_LIBRARY_PATH (topology defaults.ld_library_path): the probe's ucx_info and module
+    # search run with that path, and look in the node's Python path for nixl[cu12]'s UCX.
+    from pdlaunch.check.runner import CheckOptions, group_hosts, host_jobs
+    from pdlaunch.load import load
+    from pdlaunch.plan import build_plan
+
+    root = Path(__file__).resolve().parents[2]
+    topo, _ = load(root / "topologies" / "gaudi-prefill-cuda-decode.yaml")
+    plan = build_plan(topo)
+    gaudi = next(h for h in group_hosts(plan) if h.label.startswith("10.0.0.2"))
+    (job,) = [
+        j for j in host_jobs(plan, gaudi, CheckOptions(fast=True)) if j.name == "ucx.transports"
+    ]
+    assert job.command.startswith(
+        "export LD_LIBRARY_PATH=/tmp/ucx_install/lib:/opt/nvidia/nvda_nixl/lib/x86_64-linux-gnu"
+        "${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; PATH=/tmp/ucx_install/bin:"
+    )
+    assert "for d in /tmp/ucx_install/lib/ucx " in job.command
+    assert "*.libs" in job.command  # wheels on the node's Python path
