@@ -135,3 +135,27 @@ def test_ucx_probe_loads_ucx_the_way_the_engine_will():
     )
     assert "for d in /tmp/ucx_install/lib/ucx " in job.command
     assert "*.libs" in job.command  # wheels on the node's Python path
+
+
+def test_gb200_local_dp_is_judged_against_each_nodes_gpus():
+    # GB200 guide: DP 8 over two nodes, --data-parallel-size-local 4 on 4-GPU nodes. A node
+    # showing fewer GPUs than its local DP ranks x TP fails before anything starts.
+    from pdlaunch.check.probes.base import CommandOutput
+    from pdlaunch.check.results import Status
+    from pdlaunch.check.runner import CheckOptions, group_hosts, host_jobs
+    from pdlaunch.load import load
+    from pdlaunch.plan import build_plan
+
+    root = Path(__file__).resolve().parents[2]
+    topo, _ = load(root / "topologies" / "gb200-xpyd.yaml")
+    plan = build_plan(topo)
+    host = next(h for h in group_hosts(plan) if h.label.startswith("gb200-p0-worker"))
+    (smi,) = [j for j in host_jobs(plan, host, CheckOptions(fast=True)) if j.name == "nvidia.smi"]
+    # nvidia-smi CSV of a node with two GPUs (format: tests/fixtures/check/SOURCES.md)
+    two = CommandOutput(0, "0, NVIDIA GB200, 189471, 189000\n1, NVIDIA GB200, 189471, 189000\n")
+    rows = smi.evaluate(two)
+    assert rows[0].status is Status.FAIL
+    assert rows[0].message.startswith("2 GPU device(s) visible, plan needs 4 (prefill-0-node1 4")
+    assert "dp.local_size" in rows[0].fix
+    four = CommandOutput(0, "".join(f"{i}, NVIDIA GB200, 189471, 189000\n" for i in range(4)))
+    assert smi.evaluate(four)[0].status is Status.OK
