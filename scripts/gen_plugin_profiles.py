@@ -142,6 +142,8 @@ HETERO = f"{GAUDI_V1}/hetero_hpu_nixl_connector.py"
 
 
 def _gaudi(t: Tree, *, hetero: bool, pr30448: bool) -> dict[str, Any]:
+    if hetero != t.exists(HETERO):
+        raise SystemExit(f"{t.ref}: {HETERO} {'missing' if hetero else 'present'}")
     setup_anchor = r"01\.hpu_custom_(ops|utils)"
     patch = cite(t, "vllm_gaudi/__init__.py", r"import .*kv_connector\.v1\.hpu_nixl_connector")
     connectors = [
@@ -378,25 +380,29 @@ PROFILES = [
         "gaudi",
         lambda t: _gaudi(t, hetero=False, pr30448=True),
     ),
-    Spec(
-        "vllm-gaudi@v0.13.0",
-        "vllm-gaudi",
-        "hpu",
-        "v0.13.0",
-        "0.13",
-        "release tag for vLLM 0.13",
-        "gaudi",
-        lambda t: _gaudi(t, hetero=False, pr30448=False),
-    ),
-    Spec(
-        "vllm-gaudi@v0.15.1",
-        "vllm-gaudi",
-        "hpu",
-        "v0.15.1",
-        "0.15",
-        "first release with hetero_hpu_nixl_connector (PR 867, d54f4c25)",
-        "gaudi",
-        lambda t: _gaudi(t, hetero=True, pr30448=False),
+    *(
+        Spec(
+            f"vllm-gaudi@{tag}",
+            "vllm-gaudi",
+            "hpu",
+            tag,
+            tag[1:].rsplit(".", 1)[0],
+            f"release tag for vLLM {tag[1:]}",
+            "gaudi",
+            # hetero_hpu_nixl_connector exists from v0.15.1 (PR 867, d54f4c25)
+            lambda t, hetero=hetero: _gaudi(t, hetero=hetero, pr30448=False),
+        )
+        for tag, hetero in (
+            ("v0.11.2", False),
+            ("v0.13.0", False),
+            ("v0.14.1", False),
+            ("v0.15.1", True),
+            ("v0.16.0", True),
+            ("v0.17.1", True),
+            ("v0.19.1", True),
+            ("v0.21.0", True),
+            ("v0.24.0", True),
+        )
     ),
     Spec(
         "vllm-gaudi@v0.26.0",
