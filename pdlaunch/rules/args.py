@@ -332,8 +332,11 @@ def unknown_env(topo: Topology) -> Iterator[Finding]:
         return
     for path, env, nodes in _env_scopes(topo):
         devices = {n.instance.device for n in nodes}
+        # What each node's plugin release reads (its profile, from the source at its ref).
+        profs = [plugins.of(n.instance.device, n.instance.plugin) for n in nodes]
+        release_env = {v for p in profs if p is not None for v in p.env}
         for var in env:
-            if not var.startswith("VLLM_") or _env_known(var, vf, devices):
+            if not var.startswith("VLLM_") or _env_known(var, vf, devices) or var in release_env:
                 continue
             removed = vf.removed_env.get(var)
             if removed:

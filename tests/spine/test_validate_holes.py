@@ -837,3 +837,14 @@ def test_relative_model_path_is_refused(path):
 def test_hub_ids_and_absolute_paths_are_not_relative():
     no_errors(doc(model="  tokenizer: Qwen/Qwen3-8B\n"))
     no_errors(doc(prefill="    model_path: /data/m\n", model="  served_name: q\n"))
+
+
+def test_plugin_release_env_is_known_per_profile():
+    # VLLM_ASCEND_ENABLE_DBO is read by the Ascend guide's 2025-09 build (vllm_ascend/envs.py
+    # at af62af3c) and no longer by 0.23.0.post1 (the npu default).
+    var = "VLLM_ASCEND_ENABLE_DBO"
+    base = {"p_dev": "npu", "d_dev": "npu", "kind": "mooncake"}
+    text = doc(**base, prefill=env_block({var: "1"}, var))
+    finding(text, "unknown-env", ("prefill", 0, "env", var), severity="warning")
+    pinned = doc(**base, prefill="    plugin: vllm-ascend@2025-09\n" + env_block({var: "1"}, None))
+    assert "unknown-env" not in {f.rule for f in no_errors(pinned)}
