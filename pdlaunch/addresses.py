@@ -43,6 +43,16 @@ def _ipv4_legacy(host: str) -> bytes | None:
         return None
 
 
+def is_ip_literal(host: str) -> bool:
+    """An address, not a name: what a socket binds or dials without asking a resolver (a name
+    may resolve differently on the node that binds and the one that dials)."""
+    try:
+        ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return _ipv4_legacy(host) is not None
+    return True
+
+
 @lru_cache(maxsize=4096)
 def is_loopback(host: str) -> bool:
     """127.0.0.0/8, ::1 or localhost: one machine, whatever the spelling."""

@@ -221,6 +221,10 @@ PROFILES: dict[str, DeviceProfile] = {
         default_block_size=128,
         block_multiple_of=16,
         connectors=frozenset({"nixl"}),
+        # HPU paged attention keeps a flat (num_blocks*block_size, heads, head_size) cache per
+        # K and per V (vllm_gaudi/attention/ops/hpu_paged_attn.py, facts/plugins/vllm-gaudi@*):
+        # not the 4-D cache pdlaunch's KV extension re-blocks. vllm-gaudi converts natively.
+        can_reblock=False,
         env=GAUDI_NIXL_ENV,
         plugin_env=GAUDI_PLUGIN_ENV,
         probe_families=("gaudi",),

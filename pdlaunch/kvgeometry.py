@@ -4,11 +4,11 @@ the agreed block size, and who has to post-process what. Pure functions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pdlaunch import kv as kv_extension
+from pdlaunch import kvpath, plugins
 from pdlaunch.devices import profile
-from pdlaunch.topology import Instance, Role, Topology
+from pdlaunch.plugins import PluginProfile
+from pdlaunch.topology import Instance, Role, Topology, instance_name
 
 
 def block_size(inst: Instance) -> int:
@@ -60,31 +60,48 @@ def heterogeneous_devices(topo: Topology) -> bool:
     )
 
 
-@dataclass(frozen=True)
-class PrefillKv:
-    """What a prefill instance advertises to decode after any post-processing."""
-
-    reblock: bool  # the pdlaunch KV extension re-blocks/permutes on prefill
-    block_size: int
-    layout: str
-
-
 def decode_layouts(topo: Topology) -> set[str]:
     return topo.derived("decode_layouts", lambda t: {kv_layout(d) for d in t.decode})
 
 
-def prefill_kv(topo: Topology, inst: Instance) -> PrefillKv:
-    """Stock vLLM handles decode block = k x prefill block, and remote HND into local NHD
-    (enable_permute_local_kv); the other directions need prefill-side post-processing
-    (seed guide Case 2, PR 30448), which advertises the agreed block size in HND."""
-    agreed = agreed_block_size(topo)
+def plugin_of(inst: Instance) -> PluginProfile | None:
+    """The plugin profile the instance runs (the one it names, else its device's default)."""
+    return plugins.of(inst.device, inst.plugin)
+
+
+def prefill_kv(topo: Topology, inst: Instance) -> kvpath.PrefillPath:
+    """What a prefill instance advertises to decode, and who converts its pages (kvpath.py:
+    the plugin's own post-processing, vLLM's receive side, pdlaunch's extension, in order)."""
     size, layout = block_size(inst), kv_layout(inst)
-    needs = size > agreed or (layout == "NHD" and "HND" in decode_layouts(topo))
-    if topo.kv_connector.kind != "nixl" or not needs:
-        return PrefillKv(False, size, layout)
-    # NHD pages feeding only NHD decodes are already sub-pages (the extension's alias mode).
-    alias = layout == "NHD" and decode_layouts(topo) == {"NHD"}
-    return PrefillKv(True, agreed, "NHD" if alias else "HND")
+    if topo.kv_connector.kind != "nixl":
+        return kvpath.PrefillPath("none", size, layout, "Mooncake moves pages as they are", "")
+    side = kvpath.PrefillSide(
+        inst.device, size, layout, profile(inst.device).can_reblock, plugin_of(inst)
+    )
+    return kvpath.choose_prefill(side, agreed_block_size(topo), decode_layouts(topo))
+
+
+def pair_paths(topo: Topology) -> list[kvpath.PairPath]:
+    """One path per distinct prefill -> decode geometry (named by its first pair): what
+    `validate` explains and `pdlaunch plan` shows."""
+
+    def compute(t: Topology) -> list[kvpath.PairPath]:
+        out: dict[object, kvpath.PairPath] = {}
+        for pi, p in enumerate(t.prefill):
+            path = prefill_kv(t, p)
+            for di, d in enumerate(t.decode):
+                key = (path, block_size(d), kv_layout(d))
+                if key not in out:
+                    out[key] = kvpath.choose_pair(
+                        instance_name("prefill", pi, p),
+                        instance_name("decode", di, d),
+                        path,
+                        block_size(d),
+                        kv_layout(d),
+                    )
+        return list(out.values())
+
+    return topo.derived("pair_paths", compute)
 
 
 def needs_permute(topo: Topology, role: Role, inst: Instance) -> bool:
@@ -115,5 +132,5 @@ def prefix_caching(topo: Topology, role: Role, inst: Instance) -> bool:
     # a cache hit trims the remote id list from its end, which pairs the wrong sub-blocks
     # when blocks are merged on receive (base_worker.py:3421 _apply_prefix_caching).
     if role == "prefill":
-        return not prefill_kv(topo, inst).reblock
+        return not prefill_kv(topo, inst).converts
     return not decode_merges(topo, inst)

@@ -84,11 +84,19 @@ def derived_env(topo: Topology, node: Node) -> dict[str, EnvValue]:
                 # handshake took 30 s instead of 0.05 s (docs/cpu-pd-recipe.md).
                 env["UCX_NET_DEVICES"] = EnvValue("lo", "host (loopback)")
         # nixl/base_scheduler.py:76 (side-channel port + DP rank); the host decode dials.
-        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = EnvValue(node.host, "host / hosts")
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = EnvValue(
+            topo.kv_address(node.host), "host / hosts (or hosts.<host>.address)"
+        )
         base = side_channel_bases(topo)[(node.role, node.index)]
         env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = EnvValue(
             str(base), "side_channel_port / kv_connector.side_channel_port"
         )
+        path = kv.prefill_kv(topo, inst) if node.role == "prefill" else None
+        if path is not None and path.post is not None:
+            # What turns the plugin's own post-processing on (vllm-gaudi:
+            # VLLM_HPU_HETERO_KV_LAYOUT=true imports hetero_hpu_nixl_connector).
+            for name, value in path.post.env.items():
+                env[name] = EnvValue(value, f"plugin ({path.plugin_id}, native KV conversion)")
     devices = devices_of(topo, node)
     if dev.visible_devices_var:
         env[dev.visible_devices_var] = EnvValue(",".join(str(d) for d in devices), "devices")

@@ -16,9 +16,10 @@ from pydantic import BaseModel, ConfigDict
 # The KV extension's root imports no torch/vLLM: its config builder runs here.
 from pdlaunch import kv as kv_extension
 from pdlaunch import kvgeometry as kv
-from pdlaunch.addresses import address_key, is_local_control_host
+from pdlaunch.addresses import is_local_control_host
 from pdlaunch.devices import profile
 from pdlaunch.nodeenv import derived_env, devices_of
+from pdlaunch.plugins import default_for as plugin_default
 from pdlaunch.ports import (
     Node,
     PortKind,
@@ -66,6 +67,7 @@ class Process(Frozen):
     devices: list[int]
     # Typed facts for consumers (check, launch), so none re-parses argv or env names.
     device: DeviceKind | None = None  # None: the router
+    plugin: str | None = None  # the plugin profile the node runs (plugins.py)
     model_path: str | None = None
     kv_transfer_config: dict[str, Any] | None = None
     gpu_memory_utilization: float | None = None
@@ -73,6 +75,8 @@ class Process(Frozen):
     # UCX_TLS / UCX_NET_DEVICES as planned (derived or the user's env), for check.
     ucx_tls: str | None = None
     ucx_net_devices: str | None = None
+    # The address decode dials for this node's NIXL side channel (hosts.<h>.address or host).
+    kv_host: str | None = None
     work_dir: str
     script_path: str
     log_path: str
@@ -87,6 +91,16 @@ class Process(Frozen):
         return tuple(dict.fromkeys((self.work_dir, *(d or "." for d in parents))))
 
 
+class KvPair(Frozen):
+    """Who post-processes the KV pages of one prefill -> decode geometry (kvpath.py)."""
+
+    prefill: str
+    decode: str
+    path: Literal["none", "plugin", "vllm", "extension", "refused"]
+    why: str
+    source: str
+
+
 class Plan(Frozen):
     deployment: str
     model: str
@@ -96,6 +110,7 @@ class Plan(Frozen):
     # The vLLM release series the nodes must run (flags were checked against its facts).
     vllm_version: str = "0.32"
     processes: list[Process]
+    kv_paths: list[KvPair] = []
 
     def by_role(self, role: ProcessRole) -> list[Process]:
         return [p for p in self.processes if p.role == role]
@@ -114,13 +129,7 @@ def _url_host(host: str) -> str:
 
 
 def _host_settings(topo: Topology, host: str) -> HostSettings:
-    # Keyed by the address as written (in any spelling of that one address), never by
-    # "same machine": SSH settings for 127.0.0.30 (a stand-in for another host) must not
-    # reach a router on 127.0.0.1, nor those of `localhost` one on 127.0.0.2.
-    if host in topo.hosts:
-        return topo.hosts[host]
-    key = address_key(host)
-    return next((s for h, s in topo.hosts.items() if address_key(h) == key), HostSettings())
+    return topo.settings_of(host)
 
 
 def _work_dir(topo: Topology, host: str, override: str | None) -> str:
@@ -180,8 +189,9 @@ def kv_transfer_config(topo: Topology, node: Node) -> dict[str, Any]:
                 for role, insts in (("prefill", topo.prefill), ("decode", topo.decode))
             },
         }
-        if kvc.mooncake.module_path:
-            cfg["kv_connector_module_path"] = kvc.mooncake.module_path
+        module = mooncake_module_path(topo, inst)
+        if module:
+            cfg["kv_connector_module_path"] = module
         return cfg
     role = _nixl_role(kvc.kv_role, node.role)
     extra: dict[str, Any] = {}
@@ -191,7 +201,7 @@ def kv_transfer_config(topo: Topology, node: Node) -> dict[str, Any]:
     if compat is not None:
         extra["enforce_handshake_compat"] = compat
     adv = kv.prefill_kv(topo, inst)
-    if node.role == "prefill" and adv.reblock:
+    if node.role == "prefill" and adv.kind == "extension":
         if kvc.kv_lease_duration:
             extra["kv_lease_duration"] = kvc.kv_lease_duration
         return kv_extension.prefill_kv_transfer_config(
@@ -205,17 +215,43 @@ def kv_transfer_config(topo: Topology, node: Node) -> dict[str, Any]:
             extra=extra,
         )
     cfg = {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": buffer}
+    native = adv.post if node.role == "prefill" and adv.kind == "plugin" else None
+    if native is not None:
+        # The plugin's own post-processing (kvpath.py): its connector and the settings it
+        # reads (vllm-gaudi: enable_permute_local_kv, agreed_block_size).
+        conn = kv.plugin_of(inst)
+        plugin_conn = conn.connector(native.connector) if conn else None
+        cfg["kv_connector"] = native.connector
+        if plugin_conn and plugin_conn.module_path and plugin_conn.module:
+            cfg["kv_connector_module_path"] = plugin_conn.module
+        cfg.update(native.kv_transfer_config)
     if kvc.load_failure_policy:
         cfg["kv_load_failure_policy"] = kvc.load_failure_policy
     if kv.needs_permute(topo, node.role, inst):
         cfg["enable_permute_local_kv"] = True
-    if kv.heterogeneous_blocks(topo) or kvc.agreed_block_size != "auto":
+    if (
+        kv.heterogeneous_blocks(topo)
+        or kvc.agreed_block_size != "auto"
+        or (native and kv_extension.KEY_AGREED_BLOCK_SIZE in native.extra_config)
+    ):
         extra[kv_extension.KEY_AGREED_BLOCK_SIZE] = kv.agreed_block_size(topo)
     if kvc.kv_lease_duration:
         extra["kv_lease_duration"] = kvc.kv_lease_duration
     if extra:
         cfg["kv_connector_extra_config"] = extra
     return cfg
+
+
+def mooncake_module_path(topo: Topology, inst: Instance) -> str | None:
+    """kv_connector_module_path for a Mooncake instance: the topology's, else the module of
+    the connector its plugin build registers when nothing registers the name in every vLLM
+    process (vllm-ascend 2025-09: vllm_ascend.distributed.mooncake_connector)."""
+    mc = topo.kv_connector.mooncake
+    if mc.module_path:
+        return mc.module_path
+    prof = kv.plugin_of(inst)
+    conn = prof.connector(mc.connector) if prof else None
+    return conn.module if conn and conn.module_path else None
 
 
 def _gpu_memory_utilization(topo: Topology, inst: Instance) -> float | None:
@@ -320,12 +356,14 @@ def _node_process(topo: Topology, node: Node, bases: dict, mooncake: dict) -> Pr
         argv=_serve_argv(topo, node),
         env=env,
         device=inst.device,
+        plugin=inst.plugin or plugin_default(inst.device),
         model_path=inst.model_path or topo.model.name,
         kv_transfer_config=kv_transfer_config(topo, node),
         gpu_memory_utilization=_gpu_memory_utilization(topo, inst),
         vllm_bin=inst.vllm_bin or topo.defaults.vllm_bin,
         ucx_tls=env.get("UCX_TLS"),
         ucx_net_devices=env.get("UCX_NET_DEVICES"),
+        kv_host=topo.kv_address(node.host) if topo.kv_connector.kind == "nixl" else None,
         path_prepend=prepend,
         secret_env=secret,
         ports=ports,
@@ -424,4 +462,8 @@ def build_plan(topo: Topology) -> Plan:
         kv_connector=topo.kv_connector.kind,
         vllm_version=topo.model.vllm_version,
         processes=procs,
+        kv_paths=[
+            KvPair(prefill=p.prefill, decode=p.decode, path=p.kind, why=p.why, source=p.source)
+            for p in kv.pair_paths(topo)
+        ],
     )

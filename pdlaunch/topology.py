@@ -24,9 +24,10 @@ from pydantic import (
 
 # Address predicates live in pdlaunch.addresses (one definition for rules, plan and hosts);
 # is_loopback stays importable from here for nodeenv.py.
-from pdlaunch.addresses import canonical_host
+from pdlaunch.addresses import address_key, canonical_host, is_ip_literal
 from pdlaunch.addresses import is_loopback as is_loopback
 from pdlaunch.devices import device_kinds
+from pdlaunch.plugins import default_for, profile_ids, profiles, unknown_message
 
 
 def _known_device(kind: Any) -> Any:
@@ -104,8 +105,21 @@ class HostSettings(Strict):
     local: bool | None = Field(
         None, description="Run without SSH (default: true for 127.0.0.1/localhost/::1)"
     )
+    address: str | None = Field(
+        None,
+        description="The node's IP address peers dial for KV (VLLM_NIXL_SIDE_CHANNEL_HOST; "
+        "the GB200 guide's $(hostname -i)); default: the host itself, which must then be an "
+        "address",
+    )
 
     _env = field_validator("env")(_check_env)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        if v is not None and not is_ip_literal(v):
+            raise ValueError(f"{v!r} is not an IP address (a name may resolve elsewhere)")
+        return v
 
 
 class Model(Strict):
@@ -193,6 +207,12 @@ class Instance(Strict):
     ucx_tls: str | None = Field(None, description="UCX_TLS (default: defaults.ucx_tls)")
     kv_port: Port | None = Field(None, description="Mooncake kv_port (default: allocated)")
     engine_id: str | None = Field(None, description="Mooncake engine_id (default: allocated)")
+    plugin: str | None = Field(
+        None,
+        description="Plugin profile the node runs, e.g. vllm-gaudi@e269485 (default: the "
+        "device kind's newest; pdlaunch/facts/plugins/)",
+        json_schema_extra={"enum": [*profile_ids(), None]},
+    )
     env: EnvMap = Field(default_factory=dict)
     extra_args: list[str] = Field(default_factory=list)
     ssh: Ssh | None = None
@@ -200,6 +220,13 @@ class Instance(Strict):
     vllm_bin: str | None = None
 
     _env = field_validator("env")(_check_env)
+
+    @field_validator("plugin")
+    @classmethod
+    def _plugin(cls, v: str | None) -> str | None:
+        if v is not None and v not in profiles():
+            raise ValueError(unknown_message(v))
+        return v
 
     @field_validator("name")
     @classmethod
@@ -234,6 +261,13 @@ class Instance(Strict):
             raise ValueError("give exactly one of 'host' or 'hosts'")
         if self.hosts is not None and not self.hosts:
             raise ValueError("'hosts' needs at least one host")
+        if self.plugin is not None and profiles()[self.plugin].device != self.device:
+            own = [p for p, x in profiles().items() if x.device == self.device]
+            raise ValueError(
+                f"plugin {self.plugin} runs on {profiles()[self.plugin].device}, not "
+                f"{self.device}; {self.device} profiles: {', '.join(own) or 'none'} "
+                f"(default {default_for(self.device) or 'none'})"
+            )
         return self
 
     @property
@@ -340,6 +374,20 @@ class Topology(Strict):
         if not NAME.fullmatch(v):
             raise ValueError("use letters, digits, '.', '_' or '-' (at most 63 characters)")
         return v
+
+    def settings_of(self, host: str) -> HostSettings:
+        """`hosts:` settings of a node, keyed by the address as written (in any spelling of
+        that one address), never by "same machine": SSH settings for 127.0.0.30 (a stand-in
+        for another host) must not reach a router on 127.0.0.1, nor those of `localhost` one
+        on 127.0.0.2."""
+        if host in self.hosts:
+            return self.hosts[host]
+        key = address_key(host)
+        return next((s for h, s in self.hosts.items() if address_key(h) == key), HostSettings())
+
+    def kv_address(self, host: str) -> str:
+        """The address peers dial for KV on this node (VLLM_NIXL_SIDE_CHANNEL_HOST)."""
+        return self.settings_of(host).address or host
 
     def instances(self) -> list[tuple[Role, int, Instance]]:
         return [("prefill", i, x) for i, x in enumerate(self.prefill)] + [

@@ -10,9 +10,9 @@ Flow (:func:`run_check`)::
         the host, every planned job plus the reachability probes it is the source of
         (decode -> prefill NIXL side channel / Mooncake port, router -> every instance HTTP
         port, DP node -> master RPC)
-    phase 2 (not --fast):          pair probes that need phase-1 facts (Ascend NPU pings at
-        the decode NPU addresses learnt in phase 1), and with --bandwidth ``ib_write_bw`` per
-        prefill -> decode host pair
+    phase 2:                       pair probes that need phase-1 facts (Ascend NPU pings at
+        the decode NPU addresses learnt in phase 1; --fast keeps only these fast ones), and
+        with --bandwidth ``ib_write_bw`` per prefill -> decode host pair
     cluster:                       each probe's cross-host comparison (versions equal, Ascend
         TLS identical)
 
@@ -79,7 +79,7 @@ TIMEOUT_RC = 124  # coreutils `timeout`
 
 @dataclass
 class CheckOptions:
-    """fast: the quick subset `up` runs (no NPU pings, no bandwidth).
+    """fast: the quick subset `up` runs (NPU pings included, no bandwidth).
     bandwidth: add ``ib_write_bw`` between every prefill -> decode host pair (RDMA plans).
     connect: how hosts are reached (unused when ``run_check`` is handed a connected pool).
     reach_timeout: seconds a reachability connect may take before it counts as filtered.
@@ -309,10 +309,12 @@ def reach_pairs(plan: Plan) -> list[_Reach]:
     prefill, decode = plan.by_role("prefill"), plan.by_role("decode")
     for d in decode:
         for pf in prefill:
-            # the plan advertises the node's own host as its side-channel host (nodeenv)
+            # decode dials the side-channel host the plan advertises (nodeenv: the node's
+            # hosts.<h>.address, else its host)
             for pp in pf.ports:
                 if pp.kind in ("nixl_side_channel", "mooncake_kv"):
-                    out.append(_Reach(d.name, pf.name, pf.host, pp.port, pp.purpose))
+                    dest = (pf.kv_host or pf.host) if pp.kind == "nixl_side_channel" else pf.host
+                    out.append(_Reach(d.name, pf.name, dest, pp.port, pp.purpose))
     for r in plan.by_role("router"):
         for proc in [*prefill, *decode]:
             for pp in proc.ports:
@@ -620,11 +622,11 @@ def run_check(
         finally:
             _release(holders)
 
-        # -- phase 2: pairs that need phase-1 facts or a peer process
-        if not opts.fast:
-            results += _pair_probes(plan, by_proc, opened, results, opts, pairs)
-            if opts.bandwidth:
-                results += _bandwidth(plan, by_proc, opened, opts, pairs)
+        # -- phase 2: pairs that need phase-1 facts or a peer process (with --fast, only
+        # the pair probes marked fast: the Ascend NPU ping the guide runs before PD)
+        results += _pair_probes(plan, by_proc, opened, results, opts, pairs)
+        if opts.bandwidth and not opts.fast:
+            results += _bandwidth(plan, by_proc, opened, opts, pairs)
 
         # -- cluster-wide
         results += _cluster(hosts, jobs, results)
@@ -670,7 +672,7 @@ def _pair_probes(
     for probe in registry.PROBES:
         if probe.scope != "pair" or probe.pair_call is None:
             continue
-        if probe.optional and not opts.bandwidth:
+        if (probe.optional and not opts.bandwidth) or (opts.fast and not probe.fast):
             continue
         for pf in plan.by_role("prefill"):
             for d in plan.by_role("decode"):

@@ -104,10 +104,12 @@ def print_findings(findings: list[Finding]) -> None:
     err.print(table)
 
 
-def load_valid(path: Path, as_json: bool = False) -> tuple[Topology, list[Finding]]:
+def load_valid(
+    path: Path, as_json: bool = False, skip: frozenset[str] = frozenset()
+) -> tuple[Topology, list[Finding]]:
     """Load and validate; exit 2 on unreadable input, 1 on rule errors."""
     topo, source = load_or_exit(path, as_json)
-    findings = validate(topo, source)
+    findings = validate(topo, source, skip)
     if has_errors(findings):
         refuse(path, findings, as_json)
     if findings and not as_json:
@@ -128,6 +130,6 @@ def refuse(path: Path, findings: list[Finding], as_json: bool, backend: str = ""
     raise typer.Exit(EXIT_FINDINGS)
 
 
-def plan_or_exit(path: Path, as_json: bool = False) -> Plan:
-    topo, _ = load_valid(path, as_json)
+def plan_or_exit(path: Path, as_json: bool = False, skip: frozenset[str] = frozenset()) -> Plan:
+    topo, _ = load_valid(path, as_json, skip)
     return build_plan(topo)

@@ -10,6 +10,7 @@ import typer
 from pdlaunch.backends import k8s, k8s_files
 from pdlaunch.cli.app import app, failed, load_or_exit, out, plan_or_exit
 from pdlaunch.cli.options import TopologyArg
+from pdlaunch.rules import RUNTIME_ADDRESSED
 
 export_app = typer.Typer(help="Write the deployment for another orchestrator", no_args_is_help=True)
 app.add_typer(export_app, name="export")
@@ -34,7 +35,8 @@ def k8s_cmd(
     bytes). Secrets become secretKeyRefs to `<deployment>-secrets`, never values."""
     if k8s_target not in ("disaggregatedset", "lws"):
         failed(f"--k8s-target must be disaggregatedset or lws, not {k8s_target!r}")
-    plan = plan_or_exit(topology)
+    # Pods advertise status.podIP as their side-channel host (k8s.py), not the topology's.
+    plan = plan_or_exit(topology, skip=RUNTIME_ADDRESSED)
     topo, source = load_or_exit(topology, False)
     try:
         paths = k8s_files.export_k8s(plan, topo, out_dir, k8s_target, image, source=source)  # type: ignore[arg-type]

@@ -237,8 +237,10 @@ def up_cmd(
             bad_input("--replace does not apply to --backend slurm: `pdlaunch down` first")
         slurm_cli.up(topology, flags, timeout=timeout, canary=canary, as_json=as_json)
         return
+    # A running Slurm job of this deployment is the first thing to say (before rules the
+    # SSH backend adds, e.g. side-channel-host for Slurm node names).
+    slurm_cli.refuse_ssh_up(resolve_deployment(str(topology), as_json))
     plan = plan_or_exit(topology, as_json)
-    slurm_cli.refuse_ssh_up(plan.deployment)
     connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
     opts = launch.UpOptions(
         timeout=timeout,

@@ -45,7 +45,7 @@ from pdlaunch.cli.app import (
 from pdlaunch.interrupts import INTERRUPTS, signals_ignored, signals_interrupt
 from pdlaunch.plan import Plan, build_plan
 from pdlaunch.render import RenderedFile, plan_json, write_files
-from pdlaunch.rules import Finding, has_errors, validate
+from pdlaunch.rules import RUNTIME_ADDRESSED, Finding, has_errors, validate
 from pdlaunch.state import STATE_FILE, StateError, deployment_dir
 
 
@@ -291,7 +291,8 @@ def validated(
     """Every rule, then the Slurm placement rules, then the job's files rendered (a value no
     sbatch line can hold is found there). Exit 2 on unreadable input, 1 on any error."""
     topo, source = load_or_exit(path, as_json)
-    findings = validate(topo, source)
+    # The job exports each node's own address as the side-channel host (PDLAUNCH_NODE_ADDR).
+    findings = validate(topo, source, RUNTIME_ADDRESSED)
     if has_errors(findings):
         refuse(path, findings, as_json, "Slurm")
     plan = build_plan(topo)

@@ -4,6 +4,7 @@ hand over to :mod:`pdlaunch.cli.slurm` (the Slurm placement rules too; the sbatc
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated
@@ -11,6 +12,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from pdlaunch import kvgeometry
 from pdlaunch.cli import slurm as slurm_cli
 from pdlaunch.cli.app import (
     app,
@@ -37,7 +39,8 @@ from pdlaunch.cli.slurm import (
     StartTimeoutOpt,
     TimeOpt,
 )
-from pdlaunch.plan import Process
+from pdlaunch.kvpath import PairPath
+from pdlaunch.plan import KvPair, Process
 from pdlaunch.render import render_plan, write_files
 from pdlaunch.topology import Topology
 
@@ -96,11 +99,47 @@ def validate_cmd(
         slurm_cli.validate_cmd(topology, flags, as_json)
         return
     topo, findings = load_valid(topology, as_json)
+    paths = kvgeometry.pair_paths(topo)
     if as_json:
-        print_json({"valid": True, "findings": [finding_dict(f) for f in findings]})
+        print_json(
+            {
+                "valid": True,
+                "findings": [finding_dict(f) for f in findings],
+                "kv_paths": [_path_dict(p) for p in paths],
+            }
+        )
     else:
         n = len(topo.prefill) + len(topo.decode)
         out.print(f"[green]{topology}: valid[/] ({n} instances, {len(findings)} warning(s))")
+        for line in kv_path_lines(paths, min(out.width, 100)):
+            out.print(line)
+
+
+def _path_dict(p: PairPath) -> dict[str, str]:
+    return {"prefill": p.prefill, "decode": p.decode, "path": p.kind, "why": p.why,
+            "source": p.source}  # fmt: skip
+
+
+PATH_LABELS = {
+    "none": "no conversion",
+    "plugin": "plugin (native)",
+    "vllm": "vLLM receive side",
+    "extension": "pdlaunch KV extension",
+    "refused": "refused",
+}
+
+
+def kv_path_lines(paths: Iterable[PairPath | KvPair], width: int = 80) -> list[str]:
+    """`KV prefill-0 -> decode-0: plugin (native)` and the reason below it, wrapped to fit
+    `width` columns, one per distinct pair geometry: who post-processes the KV pages
+    (pdlaunch/kvpath.py)."""
+    lines = []
+    for p in paths:
+        kind = p.kind if isinstance(p, PairPath) else p.path
+        lines.append(f"KV {escape(p.prefill)} -> {escape(p.decode)}: [bold]{PATH_LABELS[kind]}[/]")
+        lines += [escape(w) for w in textwrap.wrap(p.why, width, initial_indent="  ",
+                                                   subsequent_indent="  ")]  # fmt: skip
+    return lines
 
 
 @app.command("plan")
@@ -116,9 +155,13 @@ def plan_cmd(topology: TopologyArg, as_json: JsonOpt = False) -> None:
         f"[bold]{escape(plan.deployment)}[/]: {len(plan.processes)} processes, "
         f"agreed block size {plan.agreed_block_size}"
     )
+    for line in kv_path_lines(plan.kv_paths, min(out.width, 100)):
+        out.print(line)
     for p in plan.processes:
         out.print()
         head = f"[bold]{escape(p.name)}[/]  {p.role} on {escape(p.host)}"
+        if p.plugin:
+            head += f" ({escape(p.plugin)})"
         if p.devices:
             head += f", devices {','.join(map(str, p.devices))}"
         out.print(head)

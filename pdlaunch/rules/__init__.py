@@ -9,6 +9,7 @@ from pdlaunch.rules.base import (
     KV_UTILS,
     NIXL,
     RULES,
+    RUNTIME_ADDRESSED,
     Finding,
     Rule,
     check,
@@ -16,4 +17,14 @@ from pdlaunch.rules.base import (
     validate,
 )
 
-__all__ = ["KV_UTILS", "NIXL", "RULES", "Finding", "Rule", "check", "has_errors", "validate"]
+__all__ = [
+    "KV_UTILS",
+    "NIXL",
+    "RULES",
+    "RUNTIME_ADDRESSED",
+    "Finding",
+    "Rule",
+    "check",
+    "has_errors",
+    "validate",
+]

@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pdlaunch import facts
+from pdlaunch import facts, plugins
 from pdlaunch.addresses import address_key
 from pdlaunch.devices import profile
 from pdlaunch.load import FieldPath
 from pdlaunch.nodeenv import managed_env
 from pdlaunch.ports import all_nodes
 from pdlaunch.rules.base import NIXL, Finding, error, rule, warning
-from pdlaunch.topology import SECRET_MARK, SECRET_REF, Topology
+from pdlaunch.topology import SECRET_MARK, SECRET_REF, Topology, instance_name
 
 GENERATOR = "pdlaunch/facts (scripts/gen_vllm_facts.py)"
 
@@ -338,8 +338,11 @@ def unknown_env(topo: Topology) -> Iterator[Finding]:
         return
     for path, env, nodes in _env_scopes(topo):
         devices = {n.instance.device for n in nodes}
+        # What each node's plugin release reads (its profile, from the source at its ref).
+        profs = [plugins.of(n.instance.device, n.instance.plugin) for n in nodes]
+        release_env = {v for p in profs if p is not None for v in p.env}
         for var in env:
-            if not var.startswith("VLLM_") or _env_known(var, vf, devices):
+            if not var.startswith("VLLM_") or _env_known(var, vf, devices) or var in release_env:
                 continue
             removed = vf.removed_env.get(var)
             if removed:
@@ -380,30 +383,59 @@ def removed_setting(topo: Topology) -> Iterator[Finding]:
 
 @rule(
     "connector-module",
-    "the KV connector class loads the way vLLM 0.32's factory looks it up",
-    "vllm/distributed/kv_transfer/kv_connector/factory.py:103-126",
+    "the KV connector class loads on each node's plugin build the way vLLM's factory looks it up",
+    "vllm/distributed/kv_transfer/kv_connector/factory.py:103-126; pdlaunch/facts/plugins/",
 )
 def connector_module(topo: Topology) -> Iterator[Finding]:
     if topo.kv_connector.kind != "mooncake":
         return
     mc = topo.kv_connector.mooncake
     source = "vllm/distributed/kv_transfer/kv_connector/factory.py:103-126"
-    known = facts.PLUGIN_CONNECTORS.get(mc.connector)
-    if mc.module_path in facts.REMOVED_MODULES:
-        yield error(
-            "connector-module",
-            ("kv_connector", "mooncake", "module_path"),
-            f"{mc.module_path} no longer exists ({facts.REMOVED_MODULES[mc.module_path]}); "
-            "vLLM imports it before its registry and the engine fails to start",
-            "remove module_path: vllm-ascend registers MooncakeConnectorV1 itself",
-            f"{source}; {known['source'] if known else 'vllm-ascend'}",
-        )
-    elif known and mc.module_path == known["module"] and mc.connector != known["class"]:
-        yield error(
-            "connector-module",
-            ("kv_connector", "mooncake", "connector"),
-            f"{mc.module_path} defines {known['class']}, not {mc.connector}: with a "
-            "module path vLLM 0.32 looks the class up there, not in the registry",
-            f"remove module_path, or use connector: {known['class']}",
-            f"{source}; {known['source']}",
-        )
+    for role, i, inst in topo.instances():
+        prof = plugins.of(inst.device, inst.plugin)
+        if prof is None:
+            continue
+        known = prof.connector(mc.connector)
+        name = instance_name(role, i, inst)
+        if mc.module_path and mc.module_path not in prof.modules:
+            moved = facts.REMOVED_MODULES.get(mc.module_path)
+            yield error(
+                "connector-module",
+                ("kv_connector", "mooncake", "module_path"),
+                f"{mc.module_path} does not exist in {prof.id}, which {name} runs"
+                + (f" ({moved})" if moved else "")
+                + ": vLLM imports it before its registry and the engine fails to start",
+                f"remove module_path (pdlaunch renders {known.module} where {prof.id} needs it)"
+                if known and known.module
+                else f"name a module of {prof.id}",
+                f"{source}; {prof.id} (modules under vllm_ascend/distributed)",
+            )
+            return
+        if known is None:
+            yield error(
+                "connector-module",
+                ("kv_connector", "mooncake", "connector"),
+                f"{prof.id}, which {name} runs, registers no connector {mc.connector}",
+                "use connector: " + " or ".join(c.name for c in prof.connectors),
+                f"{source}; {prof.id} " + "; ".join(c.source for c in prof.connectors),
+            )
+            return
+        # Only where the plugin registers the name in every process (vllm-ascend 0.23): vLLM
+        # 0.32 imports a given module before its registry and looks the name up there. The
+        # 2025-09 build needs the module path with the registered name (vLLM 0.10.2's factory
+        # tries its registry first, factory.py:68-77), as both guides write it.
+        if (
+            mc.module_path
+            and not known.module_path
+            and mc.module_path == known.module
+            and mc.connector != known.cls
+        ):
+            yield error(
+                "connector-module",
+                ("kv_connector", "mooncake", "connector"),
+                f"{mc.module_path} defines {known.cls}, not {mc.connector}: with a "
+                "module path vLLM looks the class up there, not in the registry",
+                f"remove module_path, or use connector: {known.cls}",
+                f"{source}; {prof.id} {known.source}",
+            )
+            return

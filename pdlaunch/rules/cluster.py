@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pdlaunch.addresses import host_key, is_loopback, is_unspecified, same_address, same_machine
+from pdlaunch.addresses import (
+    host_key,
+    is_ip_literal,
+    is_loopback,
+    is_unspecified,
+    same_address,
+    same_machine,
+)
 from pdlaunch.devices import profile
 from pdlaunch.load import FieldPath
 from pdlaunch.ports import (
@@ -273,6 +280,77 @@ def host_address(topo: Topology) -> Iterator[Finding]:
                 "give the node's own address or name here; `bind:` (default 0.0.0.0) is "
                 "where it listens",
                 f"{SEED_GB200}; POSIX bind(2) INADDR_ANY",
+            )
+
+
+@rule(
+    "side-channel-host",
+    "the NIXL side-channel host is an IP address, not a name",
+    f"{SEED_GB200} (VLLM_NIXL_SIDE_CHANNEL_HOST=$(hostname -i))",
+)
+def side_channel_host(topo: Topology) -> Iterator[Finding]:
+    """The prefill binds tcp://VLLM_NIXL_SIDE_CHANNEL_HOST:port and hands the same string to
+    decode to dial (nixl/base_scheduler.py:348-351): a name is resolved twice, on two
+    machines, and may land elsewhere (a Debian /etc/hosts maps the own hostname to
+    127.0.1.1, so the listener would be on loopback)."""
+    if topo.kv_connector.kind != "nixl":
+        return
+    seen: set[str] = set()
+    for node in all_nodes(topo):
+        addr = topo.kv_address(node.host)
+        if is_ip_literal(addr) or is_loopback(addr) or addr in seen:
+            continue
+        seen.add(addr)
+        inst = node.instance
+        field: FieldPath = (
+            (*node.path, "host")
+            if inst.host is not None
+            else (*node.path, "hosts", node.node_index)
+        )
+        yield error(
+            "side-channel-host",
+            field,
+            f"{node.name}'s NIXL side channel would be advertised as the name {addr!r}; the "
+            "node binds it and decode dials it, each resolving the name on its own machine",
+            f"add `hosts: {{{addr}: {{address: <its IP on the KV network>}}}}`, or use the IP "
+            "as the host",
+            f"{SEED_GB200} (VLLM_NIXL_SIDE_CHANNEL_HOST=$(hostname -i)); "
+            "vllm nixl/base_scheduler.py:348-351",
+        )
+
+
+def relative_path(value: str) -> bool:
+    """A filesystem path relative to the current directory: `./m`, `../m`, `~/m` (never
+    expanded inside a quoted argv word), or `a/b/c` (a Hugging Face id is `org/name`)."""
+    if value.startswith("/"):
+        return False
+    return value in (".", "..") or value.startswith(("./", "../", "~")) or value.count("/") >= 2
+
+
+@rule("model-path", "model paths are absolute: engines start in their work dir", "pdlaunch render")
+def model_path(topo: Topology) -> Iterator[Finding]:
+    """A relative path resolves against <work_dir>/<deployment> on the node, where the
+    scripts `cd` (the Ascend guide's `./Qwen3-8B` meant its container's `-w /home`)."""
+    fields: list[tuple[FieldPath, str]] = [(("model", "name"), topo.model.name)]
+    if topo.model.tokenizer:
+        fields.append((("model", "tokenizer"), topo.model.tokenizer))
+    fields += [
+        ((role, i, "model_path"), inst.model_path)
+        for role, i, inst in topo.instances()
+        if inst.model_path
+    ]
+    for field, value in fields:
+        if relative_path(value):
+            yield error(
+                "model-path",
+                field,
+                f"{value} is a relative path, but each engine starts in its work dir "
+                f"(<work_dir>/{topo.deployment}) on its node, where it would not be found",
+                "give the absolute path on the nodes (the Ascend guide's ./Qwen3-8B is "
+                "/home/Qwen3-8B in its container, -w /home); keep the name clients use with "
+                "model.served_name",
+                f"pdlaunch render (scripts cd to the work dir); {SEED_ASCEND} ('replace the "
+                "model file path ./Qwen3-8B with the actual file path')",
             )
 
 

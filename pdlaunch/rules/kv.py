@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from pdlaunch import kvgeometry as kv
+from pdlaunch import plugins
 from pdlaunch.devices import profile
+from pdlaunch.kvpath import PrefillPath
 from pdlaunch.load import FieldPath
 from pdlaunch.rules.base import (
     KV_UTILS,
@@ -20,7 +22,7 @@ from pdlaunch.rules.base import (
 from pdlaunch.topology import Instance, Topology, instance_name
 
 
-def _pairs(topo: Topology) -> Iterator[tuple[int, Instance, kv.PrefillKv, int, Instance]]:
+def _pairs(topo: Topology) -> Iterator[tuple[int, Instance, PrefillPath, int, Instance]]:
     """One representative prefill/decode pair per distinct geometry: pair rules depend only
     on block size, layout and TP, so thousands of instances cost a handful of checks."""
     prefills: dict[object, tuple[int, Instance]] = {}
@@ -173,34 +175,48 @@ def cpu_block_size(topo: Topology) -> Iterator[Finding]:
 
 @rule(
     "prefill-postprocess",
-    "prefill-side re-blocking needs the pdlaunch KV extension and prefix caching off",
-    f"{SEED_HETERO} Case 2; {SEED_PR}",
+    "pages prefill must convert have a converter (plugin, then pdlaunch's extension), and "
+    "prefix caching is off while it runs",
+    f"{SEED_HETERO} Case 2; {SEED_PR}; pdlaunch/kvpath.py",
 )
 def prefill_postprocess(topo: Topology) -> Iterator[Finding]:
     for i, inst in enumerate(topo.prefill):
-        if not kv.prefill_kv(topo, inst).reblock:
-            continue
-        why = (
-            f"prefill block {kv.block_size(inst)} {kv.kv_layout(inst)} must be re-blocked to "
-            f"{kv.agreed_block_size(topo)} HND before decode pulls it"
-        )
-        if not profile(inst.device).can_reblock:
+        path = kv.prefill_kv(topo, inst)
+        if path.kind == "refused":
             yield error(
                 "prefill-postprocess",
-                ("prefill", i, "device"),
-                f"{why}, and the KV extension cannot post-process a {inst.device} KV cache",
-                "give decode a block size that is a multiple of prefill's and the same layout",
-                f"{SEED_PR}; shared/notes/kv-extension.md",
+                ("prefill", i, "plugin" if inst.plugin else "device"),
+                f"{instance_name('prefill', i, inst)}: {path.why}",
+                "give decode a block size that is a multiple of prefill's and a layout it "
+                "can permute into (NHD), or run a plugin release with prefill-side "
+                "post-processing (plugin: "
+                + ", ".join(_converting_profiles(inst.device) or ["none known"])
+                + ")",
+                path.source,
             )
-        if inst.prefix_caching:
+        elif path.converts and inst.prefix_caching:
             yield error(
                 "prefill-postprocess",
                 ("prefill", i, "prefix_caching"),
-                f"{why}; re-blocking in place corrupts blocks the prefix cache shares",
+                f"{path.why}; converting pages in place corrupts blocks the prefix cache "
+                "shares"
+                + (
+                    " (and the plugin skips it with prefix caching on)"
+                    if path.kind == "plugin"
+                    else ""
+                ),
                 "set prefix_caching: false on this prefill (or leave it out: pdlaunch turns "
                 "it off)",
-                f"{SEED_HETERO} Case 2 (--no-enable-prefix-caching); {SEED_PR}",
+                f"{SEED_HETERO} Case 2 (--no-enable-prefix-caching); {path.source}",
             )
+
+
+def _converting_profiles(device: str) -> list[str]:
+    return [
+        pid
+        for pid, prof in plugins.profiles().items()
+        if prof.device == device and prof.prefill_postprocess() is not None
+    ]
 
 
 @rule(

@@ -55,6 +55,7 @@ def test_selection():
         "ascend.npu_smi",
         "ascend.hccn_conf",
         "ascend.link",
+        "ascend.link_stat",
         "ascend.ip",
         "ascend.tls",
         "ports.listen",
@@ -74,6 +75,8 @@ def test_selection():
         "bandwidth.ib_write_bw",
     ]
     assert "bandwidth.ib_write_bw" not in ids(select_probes(*ascend_rdma, scope="pair"))
+    # `up`'s quick subset pings the NPUs (the Ascend guide's connectivity check)
+    assert "ascend.ping" in ids(select_probes(*ascend_rdma, scope="pair", fast_only=True))
     assert ids(select_probes(set(), {"rdma"}, alternatives=True))[:3] == [
         "rdma.sysfs",
         "rdma.ibv_devinfo",
@@ -109,3 +112,50 @@ def test_runner_reads_typed_facts_only():
     )
     found = plan_facts_violations(old)
     assert sorted(found) == sorted(["cuda", "nvidia", "nvidia.smi", "UCX_TLS", ".argv"])
+
+
+def test_ucx_probe_loads_ucx_the_way_the_engine_will():
+    # The Gaudi guide installs UCX under /tmp/ucx_install/lib and exports it in
+    # LD_LIBRARY_PATH (topology defaults.ld_library_path): the probe's ucx_info and module
+    # search run with that path, and look in the node's Python path for nixl[cu12]'s UCX.
+    from pdlaunch.check.runner import CheckOptions, group_hosts, host_jobs
+    from pdlaunch.load import load
+    from pdlaunch.plan import build_plan
+
+    root = Path(__file__).resolve().parents[2]
+    topo, _ = load(root / "topologies" / "gaudi-prefill-cuda-decode.yaml")
+    plan = build_plan(topo)
+    gaudi = next(h for h in group_hosts(plan) if h.label.startswith("10.0.0.2"))
+    (job,) = [
+        j for j in host_jobs(plan, gaudi, CheckOptions(fast=True)) if j.name == "ucx.transports"
+    ]
+    assert job.command.startswith(
+        "export LD_LIBRARY_PATH=/tmp/ucx_install/lib:/opt/nvidia/nvda_nixl/lib/x86_64-linux-gnu"
+        "${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; PATH=/tmp/ucx_install/bin:"
+    )
+    assert "for d in /tmp/ucx_install/lib/ucx " in job.command
+    assert "*.libs" in job.command  # wheels on the node's Python path
+
+
+def test_gb200_local_dp_is_judged_against_each_nodes_gpus():
+    # GB200 guide: DP 8 over two nodes, --data-parallel-size-local 4 on 4-GPU nodes. A node
+    # showing fewer GPUs than its local DP ranks x TP fails before anything starts.
+    from pdlaunch.check.probes.base import CommandOutput
+    from pdlaunch.check.results import Status
+    from pdlaunch.check.runner import CheckOptions, group_hosts, host_jobs
+    from pdlaunch.load import load
+    from pdlaunch.plan import build_plan
+
+    root = Path(__file__).resolve().parents[2]
+    topo, _ = load(root / "topologies" / "gb200-xpyd.yaml")
+    plan = build_plan(topo)
+    host = next(h for h in group_hosts(plan) if h.label.startswith("gb200-p0-worker"))
+    (smi,) = [j for j in host_jobs(plan, host, CheckOptions(fast=True)) if j.name == "nvidia.smi"]
+    # nvidia-smi CSV of a node with two GPUs (format: tests/fixtures/check/SOURCES.md)
+    two = CommandOutput(0, "0, NVIDIA GB200, 189471, 189000\n1, NVIDIA GB200, 189471, 189000\n")
+    rows = smi.evaluate(two)
+    assert rows[0].status is Status.FAIL
+    assert rows[0].message.startswith("2 GPU device(s) visible, plan needs 4 (prefill-0-node1 4")
+    assert "dp.local_size" in rows[0].fix
+    four = CommandOutput(0, "".join(f"{i}, NVIDIA GB200, 189471, 189000\n" for i in range(4)))
+    assert smi.evaluate(four)[0].status is Status.OK

@@ -294,7 +294,7 @@ def test_unreachable_host_is_a_fail_row_not_a_crash(tmp_path, model_dir, sshd_ho
 @pytest.mark.ssh
 def test_ascend_pair_and_cluster_rows(tmp_path, sshd_hosts, sshd_cluster):
     """Ascend over Mooncake: the NPU tools are absent, so every NPU probe FAILs; the ping
-    pair cannot learn decode NPU addresses and says so; --fast leaves the ping out."""
+    pair cannot learn decode NPU addresses and says so, with --fast (`up`) too."""
     h0, h1, h2 = sshd_hosts(3)
     py = fake_python(tmp_path, "venv", "0.32.0")
     topo = {
@@ -336,7 +336,13 @@ def test_ascend_pair_and_cluster_rows(tmp_path, sshd_hosts, sshd_cluster):
     report = run_check(plan, opts(sshd_cluster))
     prefill = host_of(report, "prefill-0")
     if shutil.which("npu-smi") is None:
-        for probe in ("ascend.npu_smi", "ascend.link", "ascend.ip", "ascend.tls"):
+        for probe in (
+            "ascend.npu_smi",
+            "ascend.link",
+            "ascend.link_stat",
+            "ascend.ip",
+            "ascend.tls",
+        ):
             assert [r.status for r in rows(report, probe, prefill)] == [Status.FAIL], probe
     if not Path("/etc/hccn.conf").exists():
         assert rows(report, "ascend.hccn_conf", prefill)[0].status is Status.FAIL
@@ -351,9 +357,13 @@ def test_ascend_pair_and_cluster_rows(tmp_path, sshd_hosts, sshd_cluster):
     # decode reaches both Mooncake producer ports of the TP2 prefill
     assert len(rows(report, "ports.reach", "decode-0 -> prefill-0")) == 2
 
+    # `up`'s preflight (--fast) pings the NPUs too (Ascend guide, Parameter Plane
+    # Connectivity step 5), and looks for link flapping (step 2)
     fast = run_check(plan, opts(sshd_cluster, fast=True))
-    assert not rows(fast, "ascend.ping") and fast.fast
-    assert rows(fast, "ascend.npu_smi")
+    assert fast.fast
+    (fping,) = rows(fast, "ascend.ping", "prefill-0 -> decode-0")
+    assert fping.status is Status.SKIP and "unknown" in fping.message
+    assert rows(fast, "ascend.npu_smi") and rows(fast, "ascend.link_stat")
 
 
 # ------------------------------------------------------------------ the batch protocol

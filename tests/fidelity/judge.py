@@ -23,7 +23,7 @@ import io
 import json
 from typing import Any
 
-from pdlaunch import facts
+from pdlaunch import facts, plugins
 from pdlaunch.devices import profile
 from scripts.gen_vllm_facts import router_parser, vllm_parsers
 
@@ -82,7 +82,9 @@ def _overrides(stored: list[str]) -> list[str]:
     return twice
 
 
-def judge_serve(argv: list[str], env: dict[str, str], device: str) -> list[str]:
+def judge_serve(
+    argv: list[str], env: dict[str, str], device: str, plugin: str | None = None
+) -> list[str]:
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -104,18 +106,38 @@ def judge_serve(argv: list[str], env: dict[str, str], device: str) -> list[str]:
         problems.append("no --kv-transfer-config")
     else:
         name = kvt.kv_connector
-        plugin = facts.PLUGIN_CONNECTORS.get(name)
-        if plugin and not kvt.kv_connector_module_path:
+        prof = plugins.of(device, plugin)
+        known_conn = prof.connector(name) if prof else None
+        if known_conn is not None and known_conn.module is not None:
+            # A connector of the node's plugin build (not installable here): the recorded
+            # profile, generated from that build's source, is the judge.
+            path = kvt.kv_connector_module_path
+            if path is None and known_conn.module_path:
+                problems.append(f"{name}: {prof.id} needs kv_connector_module_path "
+                                f"{known_conn.module} ({known_conn.source})")  # fmt: skip
+            elif path is not None and (path not in prof.modules or path != known_conn.module):
+                problems.append(f"{name}: module path {path} is not {known_conn.module} in "
+                                f"{prof.id} ({known_conn.source})")  # fmt: skip
+            return _env_problems(problems, env, device, prof)
+        plugin_fact = facts.PLUGIN_CONNECTORS.get(name)
+        if plugin_fact and not kvt.kv_connector_module_path:
             pass  # registered by the plugin itself (recorded fact); not installable here
-        elif plugin and kvt.kv_connector_module_path != plugin["module"]:
+        elif plugin_fact and kvt.kv_connector_module_path != plugin_fact["module"]:
             problems.append(f"{name}: module path {kvt.kv_connector_module_path} is not "
-                            f"{plugin['module']} ({plugin['source']})")  # fmt: skip
+                            f"{plugin_fact['module']} ({plugin_fact['source']})")  # fmt: skip
         else:
             try:
                 KVConnectorFactory.get_connector_class(kvt)
             except Exception as exc:
                 problems.append(f"KV connector {name} does not load: {exc!r}")
-    known = facts.vllm().env | profile(device).plugin_env
+    return _env_problems(problems, env, device, plugins.of(device, plugin))
+
+
+def _env_problems(
+    problems: list[str], env: dict[str, str], device: str, prof: plugins.PluginProfile | None
+) -> list[str]:
+    # vLLM's own names, the device plugin's (devices.py) and the node's plugin release's.
+    known = facts.vllm().env | profile(device).plugin_env | set(prof.env if prof else ())
     problems += [
         f"env {k} is not read by vLLM 0.32" for k in env if k.startswith("VLLM_") and k not in known
     ]
@@ -157,5 +179,5 @@ def judge_plan(plan) -> dict[str, list[str]]:
             out[p.name] = judge_router(p.argv, p.health_url, kind)
         else:
             cfg = json.loads(p.argv[p.argv.index("--kv-transfer-config") + 1])
-            out[p.name] = judge_serve(p.argv, p.env, cfg["kv_buffer_device"])
+            out[p.name] = judge_serve(p.argv, p.env, cfg["kv_buffer_device"], p.plugin)
     return out

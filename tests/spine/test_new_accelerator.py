@@ -90,7 +90,10 @@ def test_one_entry_in_devices_py(monkeypatch: pytest.MonkeyPatch) -> None:
     assert smi.data["need"] == 3 and "3 GPU device(s)" in smi.message
     short = jobs["nvidia.smi"].evaluate(_smi_output(2))
     assert [(r.status, r.message) for r in short] == [
-        (Status.FAIL, "2 GPU device(s) visible, plan needs 3"),
+        (
+            Status.FAIL,
+            "2 GPU device(s) visible, plan needs 3 (decode-0 1, prefill-0 2; TP x local DP each)",
+        ),
         (Status.FAIL, "planned GPU device 2 not present"),
     ]
 

@@ -107,10 +107,11 @@ def test_load_problem_and_rule_finding_on_one_field_read_alike():
 REBLOCK = {
     "deployment": "t",
     "model": {"name": "m"},
-    "prefill": [{"host": "a", "device": "hpu", "block_size": 128, "kv_layout": "NHD"}],
+    # A CUDA prefill: the extension re-blocks 4-D CUDA caches (Gaudi converts natively).
+    "prefill": [{"host": "10.0.0.1", "device": "cuda", "block_size": 128, "kv_layout": "NHD"}],
     "decode": [
-        {"host": "b", "device": "cuda", "block_size": 16},
-        {"host": "c", "device": "cuda", "block_size": 32},
+        {"host": "10.0.0.2", "device": "cuda", "block_size": 16},
+        {"host": "10.0.0.3", "device": "cuda", "block_size": 32},
     ],
     "kv_connector": {"kind": "nixl", "load_failure_policy": "recompute", "kv_lease_duration": 90},
     "router": {"host": "r"},
@@ -126,10 +127,10 @@ def test_plan_config_for_a_reblocking_prefill_is_the_builders():
         decode_block_sizes=[16, 32],
         decode_kv_layout="HND",
         kv_role="kv_producer",
-        kv_buffer_device="hpu",
+        kv_buffer_device="cuda",
         load_failure_policy="recompute",
         enable_permute_local_kv=True,
-        extra={"enforce_handshake_compat": False, "kv_lease_duration": 90},
+        extra={"kv_lease_duration": 90},
     )
     # Exactly, key order included: the rendered script prints this JSON.
     assert list(prefill.kv_transfer_config.items()) == list(expected.items())

@@ -39,26 +39,71 @@ def test_local_cpu_binds_separate_cores_and_side_channels():
     assert "--no-enable-prefix-caching" in p.argv and "--enforce-eager" in p.argv
 
 
-def test_gaudi_prefill_uses_extension_and_agreed_16():
+def test_gaudi_prefill_at_guide_pin_renders_the_native_connector():
+    # Seed guide Case 2 (vLLM f21f5ea + vllm-gaudi e269485 on PR 30448's branch): the Gaudi
+    # prefill runs NixlConnector with agreed_block_size and enable_permute_local_kv, not
+    # pdlaunch's extension (which cannot re-block the flat HPU cache).
     plan = plan_of("gaudi-prefill-cuda-decode.yaml")
     p, d = plan.by_role("prefill")[0], plan.by_role("decode")[0]
     assert plan.agreed_block_size == 16
-    cfg = kv_config(p)
-    assert cfg["kv_connector"] == CONNECTOR_CLASS
-    assert cfg["kv_connector_module_path"] == CONNECTOR_MODULE_PATH
-    assert cfg["kv_connector_extra_config"] == {
-        "enforce_handshake_compat": False,
-        "agreed_block_size": 16,
-        "decode_block_sizes": [16],
-        "decode_kv_layout": "HND",
+    assert p.plugin == "vllm-gaudi@e269485"
+    assert kv_config(p) == {
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_producer",
+        "kv_buffer_device": "hpu",
+        "enable_permute_local_kv": True,
+        "kv_connector_extra_config": {"enforce_handshake_compat": False, "agreed_block_size": 16},
     }
+    assert CONNECTOR_CLASS not in p.argv[-1] and CONNECTOR_MODULE_PATH not in " ".join(p.argv)
+    # e269485 has no hetero_hpu_nixl_connector, so nothing switches it on.
+    assert "VLLM_HPU_HETERO_KV_LAYOUT" not in p.env
     assert "--no-enable-prefix-caching" in p.argv
     assert "--no-enable-prefix-caching" not in d.argv
     assert kv_config(d)["kv_connector"] == "NixlConnector"
     assert p.env["UCX_TLS"] == "ib,rc,gaudi_gdr" and d.env["UCX_TLS"] == "ib,rc,cuda_copy"
-    assert kv_config(p)["kv_buffer_device"] == "hpu"
     assert kv_config(d)["kv_buffer_device"] == "cuda"
-    assert p.path_prepend["LD_LIBRARY_PATH"][0] == "/tmp/ucx_install/lib"
+    assert [(k.prefill, k.decode, k.path) for k in plan.kv_paths] == [
+        ("prefill-0", "decode-0", "plugin")
+    ]
+
+
+GAUDI_PREFILL = """
+deployment: t
+model: {name: m}
+prefill: [{host: a, device: hpu, block_size: 128, kv_layout: NHD%s}]
+decode: [{host: b, device: %s, block_size: 16}]
+router: {host: c}
+"""
+
+
+def test_gaudi_prefill_on_a_hetero_release_switches_the_plugin_connector_on():
+    # vllm-gaudi >= v0.15.1 imports hetero_hpu_nixl_connector only with
+    # VLLM_HPU_HETERO_KV_LAYOUT=true (vllm_gaudi/__init__.py:15 at v0.15.1).
+    for plugin in ("", ", plugin: vllm-gaudi@v0.15.1"):
+        topo, _ = load_text(GAUDI_PREFILL % (plugin, "cuda"), "t.yaml")
+        p = build_plan(topo).by_role("prefill")[0]
+        assert p.env["VLLM_HPU_HETERO_KV_LAYOUT"] == "true", plugin
+        cfg = kv_config(p)
+        assert cfg["kv_connector"] == "NixlConnector" and "kv_connector_module_path" not in cfg
+        assert cfg["enable_permute_local_kv"] is True
+        assert cfg["kv_connector_extra_config"]["agreed_block_size"] == 16
+        assert "--no-enable-prefix-caching" in p.argv
+
+
+def test_cuda_prefill_larger_block_uses_the_extension():
+    topo, _ = load_text(
+        "deployment: t\nmodel: {name: m}\n"
+        "prefill: [{host: a, device: cuda, block_size: 64, kv_layout: NHD}]\n"
+        "decode: [{host: b, device: cuda, block_size: 16, kv_layout: HND}]\n"
+        "router: {host: c}\n",
+        "t.yaml",
+    )
+    plan = build_plan(topo)
+    p = plan.by_role("prefill")[0]
+    assert p.plugin is None
+    assert kv_config(p)["kv_connector"] == CONNECTOR_CLASS
+    assert kv_config(p)["kv_connector_module_path"] == CONNECTOR_MODULE_PATH
+    assert plan.kv_paths[0].path == "extension"
 
 
 def test_cuda_prefill_gaudi_decode_permutes_on_decode():
@@ -147,12 +192,13 @@ router: {host: h3}
 
 
 def test_nhd_to_nhd_uses_alias_mode_without_permute():
+    # CUDA (the extension's cache): NHD pages feeding NHD decodes are already sub-pages.
     topo, _ = load_text(
         """
 deployment: t
 model: {name: m}
-prefill: [{host: a, device: hpu, block_size: 128}]
-decode: [{host: b, device: hpu, block_size: 16}]
+prefill: [{host: a, device: cuda, block_size: 128, kv_layout: NHD}]
+decode: [{host: b, device: cuda, block_size: 16, kv_layout: NHD}]
 router: {host: c}
 """,
         "t.yaml",
@@ -162,6 +208,17 @@ router: {host: c}
     extra = kv_config(p)["kv_connector_extra_config"]
     assert extra["decode_kv_layout"] == "NHD" and extra["agreed_block_size"] == 16
     assert "enable_permute_local_kv" not in kv_config(d)
+
+
+def test_hpu_to_hpu_smaller_block_saves_hnd_and_decode_permutes():
+    # vllm-gaudi's hetero connector always saves HND (hetero_hpu_nixl_connector.py
+    # kv_cache_layout_on_save = "HND"), so an NHD Gaudi decode permutes it back on receive.
+    topo, _ = load_text(GAUDI_PREFILL % ("", "hpu"), "t.yaml")
+    plan = build_plan(topo)
+    p, d = plan.by_role("prefill")[0], plan.by_role("decode")[0]
+    assert kv_config(p)["kv_connector"] == "NixlConnector"
+    assert p.env["VLLM_HPU_HETERO_KV_LAYOUT"] == "true"
+    assert kv_config(d)["enable_permute_local_kv"] is True
 
 
 def test_nixl_kv_role_split_by_default_and_both_on_request():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdlaunch.addresses import host_key
+from pdlaunch.addresses import host_key, is_ip_literal
 from pdlaunch.load import load, load_text
 from pdlaunch.plan import build_plan
 from pdlaunch.render import render_plan
@@ -257,7 +257,11 @@ def test_rendered_scripts_agree_with_header_and_plan(loader):
         if plan.kv_connector == "nixl":
             # vLLM listens on VLLM_NIXL_SIDE_CHANNEL_PORT + DP rank (base_scheduler.py:76).
             base = int(p["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"])
-            assert p["env"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == head["host"]
+            # the host, or its hosts.<h>.address where the host is a name (side-channel-host)
+            assert p["env"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == p["kv_host"]
+            assert p["kv_host"] == head["host"] or (
+                is_ip_literal(p["kv_host"]) and not is_ip_literal(head["host"])
+            )
             start = int(flag_value(argv, "--data-parallel-start-rank") or 0)
             local = int(flag_value(argv, "--data-parallel-size-local") or 1)
             assert sorted(side) == list(range(start, start + local))

@@ -322,11 +322,6 @@ KV_KEYS_0_32 = (
     "vLLM 0.32's KVTransferConfig forbids extra keys, so pdlaunch need not pass them "
     "(test_kv_transfer_config_keys_exist_in_vllm_0_32 checks it does not)"
 )
-EXTENSION_CLASS = (
-    "Case 2 runs on the patched dev/prefill_KV_process vLLM branch (PR 30448) with the "
-    "stock class name; pdlaunch targets stock vLLM 0.32 and loads its prefill-side "
-    "re-blocking subclass PdlaunchNixlConnector via kv_connector_module_path"
-)
 
 D2D_GAUDI_ONLY = (
     "VLLM_NIXL_DEVICE_TO_DEVICE is read only by vllm-gaudi (vllm_gaudi/platform.py:402); "
@@ -335,11 +330,6 @@ D2D_GAUDI_ONLY = (
 PROXY_ABSOLUTE = (
     "the guide runs the proxy script from a checkout's directory; pdlaunch's script runs in "
     "its work dir, so the topology names the script's absolute path (rule router-binary)"
-)
-MOONCAKE_REGISTERED = (
-    "vllm_ascend.distributed.mooncake_connector no longer exists (vllm-ascend #5719); "
-    "vllm-ascend registers MooncakeConnectorV1 itself and vLLM 0.32 would import a module "
-    "path before its registry (factory.py:106-114), so pdlaunch passes none"
 )
 GB200_0_32 = {
     "flag:--swap-space": "removed from vLLM with the V0 engine (vllm PR 36216); 0.32 exits "
@@ -385,10 +375,9 @@ HETERO_SCRIPTS = {
     ("case1", "cuda"): ("prefill-0", _CUDA_ALLOWED),
     ("case1", "gaudi"): ("decode-0", _HETERO_ALLOWED),
     ("case2", "cuda"): ("decode-0", _CUDA_ALLOWED),
-    ("case2", "gaudi"): (
-        "prefill-0",
-        _HETERO_ALLOWED | {"kv:kv_connector": EXTENSION_CLASS},
-    ),
+    # The guide's pin (vllm-gaudi@e269485 on PR 30448's vLLM branch): pdlaunch renders the
+    # guide's own NixlConnector config on the Gaudi prefill, not its extension.
+    ("case2", "gaudi"): ("prefill-0", _HETERO_ALLOWED),
 }
 
 
@@ -410,10 +399,9 @@ def test_hetero_node_matches_seed(case, node, tmp_path, fakebin):
     ran = run_script(scripts[process], fakebin)
     assert_matches_seed(hetero_script(case, node), ran, allowed)
     assert_split_role(process, ran)
-    if "kv:kv_connector" in allowed:
-        cfg = json.loads(flag_values(ran, "--kv-transfer-config")[0])
-        assert cfg["kv_connector"] == "PdlaunchNixlConnector"
-        assert cfg["kv_connector_module_path"] == "pdlaunch.kv.connector"
+    cfg = json.loads(flag_values(ran, "--kv-transfer-config")[0])
+    assert cfg["kv_connector"] == "NixlConnector"
+    assert "kv_connector_module_path" not in cfg
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -444,7 +432,11 @@ ASCEND_ALLOWED = {
     "flag:--data-parallel-rpc-port": DP_ONLY_ABOVE_ONE,
     "kv:kv_parallel_size": KV_KEYS_0_32,
     "kv:kv_rank": KV_KEYS_0_32,
-    "kv:kv_connector_module_path": MOONCAKE_REGISTERED,
+    "positional": (
+        "the guide's ./Qwen3-8B is relative to its container's -w /home; pdlaunch's engines "
+        "start in their work dir, so the example names /home/Qwen3-8B (rule model-path) and "
+        "serves it as ./Qwen3-8B, the name the guide's curl sends"
+    ),
 }
 
 
@@ -469,7 +461,10 @@ def test_ascend_node_matches_seed(role, kv_role, tmp_path, fakebin):
         parse_shell(reflow_flattened(lines[0]), {"LD_LIBRARY_PATH": INHERITED_LD}, {})
     )
     scripts = render(TOPOLOGIES / "ascend-mooncake-tp2.yaml", tmp_path / "out")
-    assert_matches_seed(seed, run_script(scripts[f"{role}-0"], fakebin), ASCEND_ALLOWED)
+    ran = run_script(scripts[f"{role}-0"], fakebin)
+    assert_matches_seed(seed, ran, ASCEND_ALLOWED)
+    assert ran.argv[2] == "/home/Qwen3-8B"
+    assert flag_values(ran, "--served-model-name") == ["./Qwen3-8B"]
 
 
 def test_ascend_proxy_matches_seed(tmp_path, fakebin):
@@ -520,6 +515,15 @@ GB200_NODES = {
     "decode-0-node1": ("decode-worker", "gb200-d0-worker", {}),
 }
 GB200_SECRET = {"HF_TOKEN": "test-token"}
+# `$(hostname -i)` on each node: the example's hosts.<node>.address
+GB200_ADDRESS = {
+    "gb200-p0-master": "10.0.1.1",
+    "gb200-p0-worker": "10.0.1.2",
+    "gb200-p1-master": "10.0.1.3",
+    "gb200-p1-worker": "10.0.1.4",
+    "gb200-d0-master": "10.0.1.5",
+    "gb200-d0-worker": "10.0.1.6",
+}
 
 
 def gb200_node_seed(process: str) -> SeedCommand:
@@ -533,7 +537,7 @@ def gb200_node_seed(process: str) -> SeedCommand:
     assert [b.split("=", 1)[0] for b in blocks] == ["COMMON_ARGS", "PREFILL_ARGS", "DECODE_ARGS"]
     args = "\n".join(blocks)
     command = text[step]
-    literal = GB200_HOSTS | GB200_LITERAL | mapping | {"$(hostname -i)": host}
+    literal = GB200_HOSTS | GB200_LITERAL | mapping | {"$(hostname -i)": GB200_ADDRESS[host]}
     return vllm_serve(parse_shell(f"{exports}\n{args}\n{command}", {}, literal))
 
 
@@ -583,7 +587,7 @@ def test_gb200_dp_flags_per_node(gb200_ran):
         start = flag_values(ran, "--data-parallel-start-rank")
         assert start == ([] if node == "node0" else ["4"]), process
         assert ran.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
-        assert ran.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == GB200_NODES[process][1]
+        assert ran.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == GB200_ADDRESS[GB200_NODES[process][1]]
         assert ran.env["HF_TOKEN"] == GB200_SECRET["HF_TOKEN"]
 
 

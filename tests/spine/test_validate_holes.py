@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from pdlaunch import facts
 from pdlaunch.cli import app
-from pdlaunch.load import load_text
+from pdlaunch.load import LoadError, load_text
 from pdlaunch.nodeenv import VISIBLE_DEVICE_VARS, managed_env
 from pdlaunch.plan import build_plan
 from pdlaunch.ports import all_nodes
@@ -297,11 +297,16 @@ def test_dp_master_address_unspecified():
 # 5. One host, two spellings.
 
 
+# A named node's KV address (side-channel-host): the names above stay for SSH and HTTP.
+NODE1_ADDRESS = "hosts:\n  %s:\n    address: 10.0.0.9\n"
+
+
 def test_port_conflict_across_host_spellings():
     text = doc(
         p_host="node1.example.com",
         d_host="NODE1.example.com.",
         decode="    devices: [1]\n",
+        hosts=NODE1_ADDRESS % "node1.example.com",
     ).replace("    port: 8200\n", "    port: 8100  #<\n")
     finding(text, "port-conflict", ("decode", 0, "port"))
     # Control: another port on the same host is fine.
@@ -314,6 +319,7 @@ def test_devices_conflict_across_host_spellings():
         d_host="node1",
         prefill="    devices: [0]\n",
         decode=f"    devices: [0]  {MARK}\n",
+        hosts=NODE1_ADDRESS % "node1",
     )
     finding(text, "devices", ("decode", 0, "devices"))
     no_errors(text.replace(f"    devices: [0]  {MARK}", "    devices: [1]"))
@@ -478,8 +484,17 @@ def test_removed_mooncake_module_path():
         kind="mooncake",
         kv=f"  mooncake:\n    module_path: vllm_ascend.distributed.mooncake_connector  {MARK}\n",
     )
-    finding(text, "connector-module", ("kv_connector", "mooncake", "module_path"))
+    f = finding(text, "connector-module", ("kv_connector", "mooncake", "module_path"))
+    assert "vllm-ascend@0.23.0.post1" in f.message  # the default build: the path moved
     no_errors(doc(p_dev="npu", d_dev="npu", kind="mooncake"))
+    # The Ascend guide's 2025-09 build has exactly that module (plugin profile
+    # vllm-ascend@2025-09, read from vllm-ascend af62af3c): accepted there.
+    pinned = "    plugin: vllm-ascend@2025-09\n"
+    no_errors(
+        text.replace("    port: 8100\n", "    port: 8100\n" + pinned).replace(
+            "    port: 8200\n", "    port: 8200\n" + pinned
+        )
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -786,3 +801,52 @@ def test_config_file_flag_is_managed():
     )
     (f,) = [f for f in found if f.rule == "managed-flag"]
     assert f.field == ("prefill", 0, "extra_args", 0) and "extra_args" in f.fix
+
+
+def test_side_channel_host_must_be_an_address():
+    # The GB200 guide exports VLLM_NIXL_SIDE_CHANNEL_HOST=$(hostname -i): an address. A name
+    # is resolved by the binding prefill and the dialing decode separately.
+    text = doc(p_host=f"gaudi-node-1  {MARK}")
+    f = finding(text, "side-channel-host", ("prefill", 0, "host"))
+    assert "address" in f.fix and "gaudi-node-1" in f.message
+    with_address = doc(p_host="gaudi-node-1", hosts=NODE1_ADDRESS % "gaudi-node-1")
+    no_errors(with_address)
+    topo, _ = load_text(with_address, "t.yaml")
+    p = build_plan(topo).by_role("prefill")[0]
+    assert p.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == p.kv_host == "10.0.0.9"
+    assert p.host == "gaudi-node-1"  # SSH and HTTP keep the name
+    # Mooncake has no NIXL side channel.
+    no_errors(
+        doc(p_host="npu-node-1", d_host="npu-node-2", p_dev="npu", d_dev="npu", kind="mooncake")
+    )
+
+
+def test_host_address_must_be_an_ip():
+    with pytest.raises(LoadError) as info:
+        load_text(doc(hosts="hosts:\n  10.0.0.1:\n    address: gaudi-node-1\n"), "t.yaml")
+    assert "not an IP address" in info.value.problems[0].message
+
+
+@pytest.mark.parametrize("path", ["./Qwen3-8B", "../models/q", "~/models/q", "data/models/q"])
+def test_relative_model_path_is_refused(path):
+    # The shipped Ascend example's ./Qwen3-8B: engines start in <work_dir>/<deployment>.
+    f = finding(doc(model=f"  tokenizer: {path}  {MARK}\n"), "model-path", ("model", "tokenizer"))
+    assert "absolute" in f.fix
+    text = doc(prefill=f"    model_path: {path}  {MARK}\n", model="  served_name: q\n")
+    finding(text, "model-path", ("prefill", 0, "model_path"))
+
+
+def test_hub_ids_and_absolute_paths_are_not_relative():
+    no_errors(doc(model="  tokenizer: Qwen/Qwen3-8B\n"))
+    no_errors(doc(prefill="    model_path: /data/m\n", model="  served_name: q\n"))
+
+
+def test_plugin_release_env_is_known_per_profile():
+    # VLLM_ASCEND_ENABLE_DBO is read by the Ascend guide's 2025-09 build (vllm_ascend/envs.py
+    # at af62af3c) and no longer by 0.23.0.post1 (the npu default).
+    var = "VLLM_ASCEND_ENABLE_DBO"
+    base = {"p_dev": "npu", "d_dev": "npu", "kind": "mooncake"}
+    text = doc(**base, prefill=env_block({var: "1"}, var))
+    finding(text, "unknown-env", ("prefill", 0, "env", var), severity="warning")
+    pinned = doc(**base, prefill="    plugin: vllm-ascend@2025-09\n" + env_block({var: "1"}, None))
+    assert "unknown-env" not in {f.rule for f in no_errors(pinned)}

@@ -55,12 +55,18 @@ def eval_accelerators(kind: str, devs: list[Accel], ctx: ProbeContext) -> list[C
     by_index = {d.index: d for d in devs}
     results = []
     if len(devs) < need:
+        # Which process wants how many (TP x --data-parallel-size-local each: the GB200
+        # guide's DP 8 over two 4-GPU nodes is 4 per node).
+        pinned = ctx.params.get("pinned") or {}
+        who = ", ".join(f"{n} {c}" for n, c in sorted(pinned.items()))
         results.append(
             row(
                 ctx,
                 Status.FAIL,
-                f"{len(devs)} {kind} device(s) visible, plan needs {need}",
-                "lower TP x local DP for this host or fix device visibility",
+                f"{len(devs)} {kind} device(s) visible, plan needs {need}"
+                + (f" ({who}; TP x local DP each)" if who else ""),
+                "lower TP or dp.local_size (data-parallel ranks per node) for this host, "
+                "spread dp.size over more hosts, or fix device visibility",
                 count=len(devs),
                 need=need,
             )
@@ -121,6 +127,7 @@ def inventory_calls(family: str) -> Callable[[HostFacts], list[Call]]:
         procs = facts.engines_of(family)
         devs = sorted({d for x in procs for d in x.devices})
         params: dict[str, Any] = {"need": len(devs), "devices": devs}
+        params["pinned"] = {x.name: len(x.devices) for x in procs}
         utils = [u for u in (x.gpu_memory_utilization for x in procs) if u is not None]
         if utils:
             params["min_free_fraction"] = max(utils)

@@ -1,7 +1,7 @@
 """Huawei Ascend NPUs: health and HBM (``npu-smi info``), the NPU NICs' config and link
-(``/etc/hccn.conf``, ``hccn_tool -link/-ip/-tls``), TLS identical across nodes, and
-prefill NPU -> decode NPU pings. Run where a device kind's entry in devices.py names
-``ascend``."""
+(``/etc/hccn.conf``, ``hccn_tool -link/-link_stat/-ip/-tls``), TLS off on every NPU, and
+prefill NPU -> decode NPU pings (part of `up`'s preflight). Run where a device kind's entry
+in devices.py names ``ascend``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import ipaddress
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pdlaunch.check.probes.accelerators import Accel, eval_accelerators, inventory_calls
@@ -193,6 +194,81 @@ def eval_hccn_ip(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     return results or [unparsed(ctx, "hccn_tool -ip", out)]
 
 
+_STAT_KV = re.compile(r"^\[devid (\d+)\]\s*([a-z ]+?)\s*:\s*(.*)$")
+_STAT_REC = re.compile(r"^\[devid \d+\]\s+(\w{3} \w{3}\s+\d+ [\d:]{8} \d{4})\s+LINK (UP|DOWN)\s*$")
+FLAP_WINDOW_S = 24 * 3600
+
+
+def _hccn_time(text: str) -> datetime:
+    # `Sun Oct  5 10:13:51 2025`: C's asctime, the day padded with a space
+    return datetime.strptime(" ".join(text.split()), "%a %b %d %H:%M:%S %Y")
+
+
+def parse_hccn_link_stat(text: str) -> dict[str, Any]:
+    """``hccn_tool -i N -link_stat -g``::
+
+        [devid 0]current time        : Tue Oct 28 21:46:46 2025
+        [devid 0]link up count       : 2
+        [devid 0]link down count     : 1
+        [devid 0]link change records :
+        [devid 0]    Sun Oct  5 10:13:51 2025    LINK UP
+        [devid 0]    Sun Oct  5 10:13:50 2025    LINK DOWN
+
+    (the HCCL troubleshooting guide's ERROR CQE section; MindCluster's GetNPULinkUpNum reads
+    the same ``link up count`` line). -> ``{now, up, down, downs: [times of LINK DOWN]}``."""
+    out: dict[str, Any] = {"now": None, "up": None, "down": None, "downs": []}
+    for line in text.splitlines():
+        rec = _STAT_REC.match(line.rstrip())
+        if rec:
+            if rec.group(2) == "DOWN":
+                out["downs"].append(_hccn_time(rec.group(1)))
+            continue
+        kv = _STAT_KV.match(line.rstrip())
+        if not kv:
+            continue
+        key, value = kv.group(2), kv.group(3).strip()
+        if key == "current time":
+            out["now"] = _hccn_time(value)
+        elif key in ("link up count", "link down count"):
+            out[key.split()[1]] = int(value)
+    return out
+
+
+def eval_hccn_link_stat(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
+    """A LINK DOWN record within a day of the tool's own clock: the link flaps (the Ascend
+    guide: "it's normal if there's no flapping"); older ones are reported, not failed."""
+    results = []
+    fix = (
+        "check the NPU's optical module/cable and switch port (`hccn_tool -i N -optical -g`), "
+        "then watch `hccn_tool -i N -link_stat -g` for new LINK DOWN records: a flap during a "
+        "transfer surfaces as HCCL ERROR CQE"
+    )
+    for key, body in parse_sections(out.stdout).items():
+        npu, st = _npu_key(key), parse_hccn_link_stat(body)
+        if npu is None or st["up"] is None:
+            results.append(unparsed(ctx, f"hccn_tool -link_stat ({key})", CommandOutput(0, body)))
+            continue
+        downs = sorted(st["downs"])
+        n_down = max(st["down"] or 0, len(downs))
+        recent = [
+            t for t in downs if st["now"] and (st["now"] - t).total_seconds() <= FLAP_WINDOW_S
+        ]
+        data = {"npu": npu, "up": st["up"], "down": n_down}
+        if recent:
+            msg = (
+                f"NPU {npu} link flapped: {len(recent)} LINK DOWN in the last 24 h "
+                f"(last {recent[-1]})"
+            )
+            results.append(row(ctx, Status.FAIL, msg, fix, **data))
+        elif n_down:
+            last = f" (last {downs[-1]})" if downs else ""
+            msg = f"NPU {npu} link went down {n_down} time(s) earlier{last}; none in the last 24 h"
+            results.append(row(ctx, Status.WARN, msg, fix, **data))
+        else:
+            results.append(row(ctx, Status.OK, f"NPU {npu} link stable (no LINK DOWN)", **data))
+    return results or [unparsed(ctx, "hccn_tool -link_stat", out)]
+
+
 def parse_hccn_tls(text: str) -> dict[int, int]:
     """``hccn_tool -i N -tls -g``: ``{dev_id: switch}`` from ``dev_id:N, tls switch[V]``."""
     out = {}
@@ -202,28 +278,23 @@ def parse_hccn_tls(text: str) -> dict[int, int]:
 
 
 _TLS_FIX = (
-    "make TLS identical on every NPU of every node, e.g. disable everywhere: "
+    "disable TLS on every NPU of every node (the Ascend guide's step 3): "
     "for i in {0..7}; do hccn_tool -i $i -tls -s enable 0; done"
 )
 
 
 def eval_hccn_tls(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
+    """The Ascend guide (Parameter Plane Connectivity, step 3) wants switch 0 on every NPU,
+    not only the same value everywhere: "If there's a non-zero case ... configure tls to 0"."""
     tls = parse_hccn_tls(out.stdout)
     if not tls:
         return [unparsed(ctx, "hccn_tool -tls", out)]
-    values = set(tls.values())
-    if len(values) > 1:
-        detail = ", ".join(f"{k}:{v}" for k, v in sorted(tls.items()))
-        return [
-            row(ctx, Status.FAIL, f"TLS switch differs between NPUs ({detail})", _TLS_FIX, tls=tls)
-        ]
+    on = sorted(k for k, v in tls.items() if v != 0)
+    if on:
+        detail = ", ".join(f"{k}:{tls[k]}" for k in on)
+        return [row(ctx, Status.FAIL, f"TLS switch is on for NPU(s) {detail}", _TLS_FIX, tls=tls)]
     return [
-        row(
-            ctx,
-            Status.OK,
-            f"TLS switch {values.pop()} on NPUs {', '.join(map(str, sorted(tls)))}",
-            tls=tls,
-        )
+        row(ctx, Status.OK, f"TLS switch 0 on NPUs {', '.join(map(str, sorted(tls)))}", tls=tls)
     ]
 
 
@@ -458,6 +529,17 @@ LINK = Probe(
     needs=_ASCEND,
     calls=_npu_calls,
 )
+LINK_STAT = Probe(
+    "ascend.link_stat",
+    "NPU NIC link flapping",
+    _cmd_hccn_loop("-link_stat"),
+    eval_hccn_link_stat,
+    "hccn_tool -link_stat",
+    tool="hccn_tool",
+    install=_TOOLS,
+    needs=_ASCEND,
+    calls=_npu_calls,
+)
 IP = Probe(
     "ascend.ip",
     "NPU NIC address",
@@ -492,8 +574,10 @@ PING = Probe(
     needs=_ASCEND,
     scope="pair",
     timeout_s=120.0,
-    fast=False,
+    # The Ascend guide makes the device-IP ping part of bringing PD up (Parameter Plane
+    # Connectivity, step 5): `up`'s preflight runs it too.
+    fast=True,
     pair_call=_ping_call,
 )
 
-PROBES = (NPU_SMI, HCCN_CONF, LINK, IP, TLS, PING)
+PROBES = (NPU_SMI, HCCN_CONF, LINK, LINK_STAT, IP, TLS, PING)

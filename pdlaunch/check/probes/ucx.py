@@ -1,10 +1,14 @@
-"""UCX: the transports the planned UCX_TLS names exist in the node's UCX build, and no
-stray UCX_* variable in the login environment overrides the plan."""
+"""UCX: the transports the planned UCX_TLS names exist in the node's UCX build (found the way
+the engine loads it: with the planned LD_LIBRARY_PATH; from its module directory where no
+ucx_info is installed, as with nixl[cu12] wheels), and no stray UCX_* variable in the login
+environment overrides the plan."""
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from pdlaunch.check.probes.base import (
     Call,
@@ -13,7 +17,8 @@ from pdlaunch.check.probes.base import (
     Needs,
     Probe,
     ProbeContext,
-    need,
+    parse_sections,
+    q,
     row,
     unparsed,
 )
@@ -122,19 +127,80 @@ def ucx_tls_missing(tls: str, available: Iterable[str]) -> list[str]:
     return missing
 
 
+# UCX loads its transports from modules in <libdir>/ucx/ (openucx/ucx config/module.am):
+# what each module provides (src/uct/ib/Makefile.am: verbs, and mlx5 where UCX <= 1.17
+# built it into libuct_ib; src/uct/ib/mlx5/Makefile.am; src/uct/cuda/Makefile.am;
+# src/uct/cuda/gdr_copy/Makefile.am; src/uct/sm/scopy/{cma,knem}; src/uct/sm/mm/xpmem;
+# src/uct/rocm; intel-staging/ucx src/uct/gaudi/Makefile.am: libuct_gaudi = gaudi_gdr).
+UCX_MODULE_TLS: dict[str, tuple[str, ...]] = {
+    "libuct_ib": ("rc_verbs", "ud_verbs", "rc_mlx5", "dc_mlx5", "ud_mlx5"),
+    "libuct_ib_mlx5": ("rc_mlx5", "dc_mlx5", "ud_mlx5"),
+    "libuct_ib_efa": ("srd",),
+    "libuct_cuda": ("cuda_copy", "cuda_ipc"),
+    "libuct_cuda_gdrcopy": ("gdr_copy",),
+    "libuct_cma": ("cma",),
+    "libuct_knem": ("knem",),
+    "libuct_xpmem": ("xpmem",),
+    "libuct_rocm": ("rocm_copy", "rocm_ipc"),
+    "libuct_rocm_gdr": ("rocm_gdr",),
+    "libuct_gaudi": ("gaudi_gdr",),
+}
+# Built into libuct itself (src/uct/sm/self, src/uct/tcp, src/uct/sm/mm/{posix,sysv}).
+UCX_CORE_TLS = ("self", "tcp", "posix", "sysv")
+# Where a UCX build keeps its modules when ucx_info is not installed: <dir>/ucx for each
+# planned LD_LIBRARY_PATH entry (the Gaudi guide's /tmp/ucx_install/lib), the wheels on the
+# node's Python path (nixl[cu12] ships nixl_cu12.libs/ucx and no ucx_info), system dirs.
+_SYSTEM_MODULE_DIRS = (
+    "/usr/lib/ucx",
+    "/usr/lib64/ucx",
+    "/usr/lib/x86_64-linux-gnu/ucx",
+    "/usr/lib/aarch64-linux-gnu/ucx",
+    "/usr/local/lib/ucx",
+    "/opt/hpcx/ucx/lib/ucx",
+)
+_WHEEL_DIRS = (
+    "import glob,os,sys; print(chr(10).join(sorted({g for p in sys.path if p "
+    "for g in glob.glob(os.path.join(p, '*.libs', 'ucx'))})))"
+)
+
+
+def parse_ucx_modules(listing: str) -> list[str]:
+    """Transports a UCX module directory listing (``ls DIR``) provides, core ones included."""
+    out = set(UCX_CORE_TLS)
+    for name in listing.split():
+        out.update(UCX_MODULE_TLS.get(name.split(".", 1)[0], ()))
+    return sorted(out)
+
+
 def eval_ucx_transports(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
-    """params: ``ucx_tls`` (the planned UCX_TLS for this host; empty/None = UCX default)."""
+    """params: ``ucx_tls`` (the planned UCX_TLS for this host; empty/None = UCX default).
+
+    Output: ``== ucx_info PATH ==`` then its filtered ``-d`` listing, or, without ucx_info,
+    ``== modules DIR ==`` sections listing each UCX module directory found (the first is
+    the one judged: the planned LD_LIBRARY_PATH comes first)."""
     tls = ctx.params.get("ucx_tls") or ""
-    found = parse_ucx_transports(out.stdout)
+    sections = parse_sections(out.stdout)
+    modules = [
+        (k.removeprefix("modules "), v) for k, v in sections.items() if k.startswith("modules ")
+    ]
+    where = ""
+    if modules:
+        where, listing = modules[0]
+        names = parse_ucx_modules(listing)
+        found = {n: [] for n in names}
+        via = f" (by the UCX modules in {where}: no ucx_info there, so no device list)"
+    else:
+        found = parse_ucx_transports(out.stdout)
+        names = sorted(found)
+        via = ""
     if not found:
         return [unparsed(ctx, "ucx_info -d", out)]
-    names = sorted(found)
     if not tls.strip():
         return [
             row(
                 ctx,
                 Status.OK,
-                f"UCX offers {', '.join(names)} (UCX_TLS not set)",
+                f"UCX offers {', '.join(names)} (UCX_TLS not set){via}",
                 transports=names,
             )
         ]
@@ -144,7 +210,7 @@ def eval_ucx_transports(out: CommandOutput, ctx: ProbeContext) -> list[CheckResu
             row(
                 ctx,
                 Status.OK,
-                f"UCX_TLS={tls} excludes {', '.join(items)}; UCX offers {', '.join(names)}",
+                f"UCX_TLS={tls} excludes {', '.join(items)}; UCX offers {', '.join(names)}{via}",
                 transports=names,
             )
         ]
@@ -163,7 +229,12 @@ def eval_ucx_transports(out: CommandOutput, ctx: ProbeContext) -> list[CheckResu
             row(
                 ctx,
                 Status.FAIL,
-                f"UCX_TLS names '{name}' but ucx_info -d offers no such transport",
+                f"UCX_TLS names '{name}' but "
+                + (
+                    f"no UCX module in {where} provides it"
+                    if via
+                    else "ucx_info -d offers no such transport"
+                ),
                 fix,
                 missing=name,
                 transports=names,
@@ -174,7 +245,7 @@ def eval_ucx_transports(out: CommandOutput, ctx: ProbeContext) -> list[CheckResu
             row(
                 ctx,
                 Status.OK,
-                f"every transport in UCX_TLS={tls} is offered",
+                f"every transport in UCX_TLS={tls} is offered{via}",
                 transports=names,
             )
         )
@@ -229,13 +300,47 @@ def eval_ucx_env(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
 
 
 def _transports_calls(facts: HostFacts) -> list[Call]:
-    # one job per distinct UCX_TLS on the host; ucx_info is needed only when one of them
-    # names a transport a plain UCX build may lack
+    # one job per distinct (UCX_TLS, planned LD_LIBRARY_PATH) on the host; a UCX is needed
+    # only when the UCX_TLS names a transport a plain UCX build may lack
     calls = []
-    for tls in sorted({x.ucx_tls or "" for x in facts.engines}):
+    keys = {
+        (x.ucx_tls or "", tuple(x.path_prepend.get("LD_LIBRARY_PATH", ()))) for x in facts.engines
+    }
+    for tls, dirs in sorted(keys):
         _, items = split_ucx_tls(tls)
-        calls.append(Call({"ucx_tls": tls}, any(i not in BASIC_TLS for i in items)))
+        params = {"ucx_tls": tls, "lib_dirs": list(dirs), "python": facts.python}
+        calls.append(Call(params, any(i not in BASIC_TLS for i in items)))
     return calls
+
+
+_UCX_INFO_GREP = (
+    "ucx_info -d | grep -E 'Memory domain:|Component:|Transport:|Device:|Type:|"
+    "no supported devices'"
+)
+
+
+def _cmd_transports(params: Mapping[str, Any]) -> str:
+    """ucx_info with the planned LD_LIBRARY_PATH (and the bin/ beside each of its dirs on
+    PATH), as the engine will load UCX; without ucx_info, the module directories."""
+    dirs = [str(d) for d in params.get("lib_dirs") or []]
+    py = params.get("python") or "python3"
+    env = ""
+    if dirs:
+        bins = [posixpath.join(posixpath.dirname(d.rstrip("/")), "bin") for d in dirs]
+        env = (
+            f"export LD_LIBRARY_PATH={q(':'.join(dirs))}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}; "
+            f"PATH={q(':'.join(bins))}:$PATH; "
+        )
+    candidates = " ".join(q(posixpath.join(d, "ucx")) for d in dirs)
+    return (
+        f"{env}if command -v ucx_info >/dev/null 2>&1; then "
+        'echo "== ucx_info $(command -v ucx_info) =="; '
+        f"{_UCX_INFO_GREP}; exit 0; fi; found=0; "
+        f"for d in {candidates} $({q(py)} -c {q(_WHEEL_DIRS)} 2>/dev/null) "
+        f"{' '.join(_SYSTEM_MODULE_DIRS)}; do "
+        '[ -d "$d" ] && ls "$d" 2>/dev/null | grep -q "^libuct_" && '
+        '{ echo "== modules $d =="; ls "$d"; found=1; }; done; [ $found = 1 ] || exit 127'
+    )
 
 
 def _env_calls(facts: HostFacts) -> list[Call]:
@@ -252,12 +357,13 @@ _UCX = Needs(transports=frozenset({"ucx"}))
 TRANSPORTS = Probe(
     "ucx.transports",
     "UCX transports vs UCX_TLS",
-    need("ucx_info") + "ucx_info -d | grep -E 'Memory domain:|Component:|Transport:|"
-    "Device:|Type:|no supported devices'",
+    _cmd_transports,
     eval_ucx_transports,
     "ucx_info -d",
     tool="ucx_info",
-    install="install UCX tools (ucx / ucx-utils) or put the NIXL/UCX bin dir on PATH",
+    install="no UCX found (neither ucx_info nor a UCX module directory under the planned "
+    "LD_LIBRARY_PATH, the Python path's wheels or the system): install UCX tools "
+    "(ucx / ucx-utils), NIXL's wheel (pip install nixl[cu12]) or the guide's UCX build",
     needs=_UCX,
     timeout_s=60.0,
     calls=_transports_calls,
