@@ -129,7 +129,7 @@ def plain_reference(
         "--host", host, "--port", str(port),
         "--served-model-name", SERVED,
         "--tensor-parallel-size", "1",
-        "--dtype", "bfloat16",
+        "--dtype", "float32",  # as topologies/local-cpu.yaml (AMX: bf16 decode dies)
         "--max-model-len", "1024",
         "--block-size", "32",
         "--no-enable-prefix-caching",

@@ -115,7 +115,7 @@ def topology(
         dec["extra_args"] = list(decode_args)
     topo: dict[str, Any] = {
         "deployment": deployment,
-        "model": {"name": model, "served_name": SERVED, "dtype": "bfloat16", "max_model_len": 1024},
+        "model": {"name": model, "served_name": SERVED, "dtype": "float32", "max_model_len": 1024},
         "defaults": {
             "ssh": {"user": user, "port": 22, "key": key_file},
             "work_dir": work_dir,
