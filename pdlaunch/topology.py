@@ -102,6 +102,14 @@ class HostSettings(Strict):
     local: bool | None = Field(
         None, description="Run without SSH (default: true for 127.0.0.1/localhost/::1)"
     )
+    cpus: int | None = Field(
+        None,
+        ge=1,
+        le=65536,
+        description="Cores CPU engines may use here (cores 0..cpus-1; `pdlaunch check` "
+        "compares it with the host's nproc/affinity). Default: unknown, one core per "
+        "CPU engine rank in topology order",
+    )
 
     _env = field_validator("env")(_check_env)
 

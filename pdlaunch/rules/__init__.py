@@ -4,7 +4,7 @@ kv.py (KV cache geometry and the connector), cluster.py (hosts, ports, devices, 
 args.py (extra_args, env and secrets, judged by the targeted parsers' facts).
 """
 
-from pdlaunch.rules import args, cluster, kv  # noqa: F401  (each module registers its rules)
+from pdlaunch.rules import args, cluster, cpu, kv  # noqa: F401  (each module registers its rules)
 from pdlaunch.rules.base import (
     KV_UTILS,
     NIXL,
