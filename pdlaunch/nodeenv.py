@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdlaunch import kvgeometry as kv
-from pdlaunch.addresses import host_key
+from pdlaunch.cpubudget import assign_cores
 from pdlaunch.devices import PROFILES, profile
-from pdlaunch.ports import Node, all_nodes, side_channel_bases
+from pdlaunch.ports import Node, side_channel_bases
 from pdlaunch.topology import Topology, is_loopback
 
 
@@ -32,26 +32,13 @@ VISIBLE_DEVICE_VARS = frozenset(
 )
 
 
-def _default_cpu_cores(topo: Topology) -> dict[str, list[int]]:
-    """CPU instances bind OpenMP threads to cores; by default one core per instance on a
-    host, in topology order, so two instances on a small box do not fight."""
-    next_core: dict[str, int] = {}
-    out = {}
-    for n in all_nodes(topo):
-        if n.instance.device == "cpu":
-            machine = host_key(n.host)  # localhost and 127.0.0.1 share their cores
-            start = next_core.get(machine, 0)
-            out[n.name] = list(range(start, start + n.device_count))
-            next_core[machine] = start + n.device_count
-    return out
-
-
 def devices_of(topo: Topology, node: Node) -> list[int]:
     """Device indices (CPU cores on cpu) this node is pinned to."""
     if node.instance.devices is not None:
         return list(node.instance.devices)
     if node.instance.device == "cpu":
-        return topo.derived("cpu_cores", _default_cpu_cores)[node.name]
+        # The host's CPU budget decides (cpubudget.py): never a core the host lacks.
+        return topo.derived("cpu_cores", assign_cores)[node.name]
     return list(range(node.device_count))
 
 

