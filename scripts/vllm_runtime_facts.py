@@ -95,7 +95,8 @@ def side_channel(files: list[Path]) -> dict[str, Any]:
     for path, node in _walk(files):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
             text = ast.unparse(node)
-            if "SIDE_CHANNEL_PORT" in text.upper() and "+" in text:
+            # The base (PORT + ...) and, in 0.10, each TP rank's listener (base_port + tp_rank).
+            if "SIDE_CHANNEL_PORT" in text.upper() or re.search(r"port \+ tp_rank\b", text):
                 exprs.append({"expr": text, "source": f"{_rel(path)}:{node.lineno}"})
     seen, unique = set(), []
     for e in exprs:
@@ -103,7 +104,7 @@ def side_channel(files: list[Path]) -> dict[str, Any]:
             seen.add(e["expr"])
             unique.append(e)
     joined = " ".join(e["expr"] for e in unique)
-    per_tp = "tp_rank" in joined and "tp_size" in joined
+    per_tp = "tp_rank" in joined and ("tp_size" in joined or "tensor_parallel_size" in joined)
     formula = "dp_rank_tp" if per_tp else "dp_index" if "data_parallel" in joined else "unknown"
     import vllm.envs as envs
 
@@ -172,7 +173,10 @@ def nixl_facts(connectors: dict[str, dict[str, str]]) -> dict[str, Any]:
     out["handshake_payload"] = {"fields": payload[0], "source": payload[1]} if payload else None
     factors = _hash_factors(files)
     out["compat_hash_factors"] = {"keys": factors[0], "source": factors[1]} if factors else None
-    devices = _assigned(files, "_NIXL_SUPPORTED_DEVICE")
+    # 0.10 names the table _NIXL_SUPPORTED_XPUS (nixl_connector.py:61).
+    devices = _assigned(files, "_NIXL_SUPPORTED_DEVICE") or _assigned(
+        files, "_NIXL_SUPPORTED_XPUS"
+    )
     out["supported_devices"] = (
         {"map": {k: sorted(v) for k, v in devices[0].items()}, "source": devices[1]}
         if devices

