@@ -251,6 +251,20 @@ def _gpu_memory_utilization(topo: Topology, inst: Instance) -> float | None:
     return inst.gpu_memory_utilization or topo.defaults.gpu_memory_utilization
 
 
+def _prefix_caching_off(topo: Topology, inst: Instance) -> str:
+    """The release's spelling: --no-enable-prefix-caching up to 0.32, --disable-prefix-caching
+    in 0.33 (its own action, vllm/engine/arg_utils.py:1402)."""
+    try:
+        flag = facts.vllm(topo.vllm_version_of(inst)).flag("enable_prefix_caching")
+    except KeyError:
+        flag = None
+    options = flag.options if flag else ()
+    return next((o for o in options if o.startswith(("--no-", "--disable-"))), NO_PREFIX_CACHING)
+
+
+NO_PREFIX_CACHING = "--no-enable-prefix-caching"
+
+
 def serve_argv(topo: Topology, node: Node) -> list[str]:
     inst, model = node.instance, topo.model
     binary = inst.vllm_bin or topo.defaults.vllm_bin
@@ -281,7 +295,7 @@ def serve_argv(topo: Topology, node: Node) -> list[str]:
     if kv.block_size_pinned(topo, inst):
         argv += ["--block-size", str(kv.block_size(inst))]
     if not kv.prefix_caching(topo, node.role, inst):
-        argv.append("--no-enable-prefix-caching")
+        argv.append(_prefix_caching_off(topo, inst))
     if inst.enforce_eager:
         argv.append("--enforce-eager")
     if inst.dp.size > 1:

@@ -12,6 +12,7 @@
 # for it, commit the new JSON and the matrix line it prints (docs/vllm-versions.md).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+export VLLM_TARGET_DEVICE=cpu  # describe each release as its CPU build (0.33: `vllm` wheel)
 VERSIONS=(0.10.2 0.11.2 0.12.0 0.13.0 0.14.1 0.15.1 0.16.0 0.17.1 0.18.1 0.19.1 0.20.2
           0.21.0 0.22.1 0.23.0 0.24.0 0.25.1 0.26.0 0.27.1 0.28.0 0.29.0 0.30.0 0.31.0 0.33.0)
 [ $# -gt 0 ] && VERSIONS=("$@")
@@ -22,8 +23,7 @@ for v in "${VERSIONS[@]}"; do
   scripts/vllm_venv.sh "$v" "$dir" > "/tmp/vv-$v.log" 2>&1 || { echo "$v: venv failed (see /tmp/vv-$v.log)"; continue; }
   "$dir/bin/python" scripts/gen_vllm_facts.py --vllm-only 2> "/tmp/vv-$v.gen.log" \
     || { echo "$v: generator failed (see /tmp/vv-$v.gen.log)"; continue; }
-  if [ -f scripts/check_vllm_matrix.py ]; then
-    "$dir/bin/python" scripts/check_vllm_matrix.py 2> "/tmp/vv-$v.check.log" || true
-  fi
+  "$dir/bin/python" scripts/check_vllm_matrix.py > "/tmp/vv-$v.check.log" 2>&1 || true
+  echo "$v: $(grep -v '^[A-Z]' "/tmp/vv-$v.check.log" | tail -1)   (details: /tmp/vv-$v.check.log)"
   [ "${KEEP:-1}" = 0 ] && rm -rf "$dir"
 done

