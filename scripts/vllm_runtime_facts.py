@@ -174,9 +174,7 @@ def nixl_facts(connectors: dict[str, dict[str, str]]) -> dict[str, Any]:
     factors = _hash_factors(files)
     out["compat_hash_factors"] = {"keys": factors[0], "source": factors[1]} if factors else None
     # 0.10 names the table _NIXL_SUPPORTED_XPUS (nixl_connector.py:61).
-    devices = _assigned(files, "_NIXL_SUPPORTED_DEVICE") or _assigned(
-        files, "_NIXL_SUPPORTED_XPUS"
-    )
+    devices = _assigned(files, "_NIXL_SUPPORTED_DEVICE") or _assigned(files, "_NIXL_SUPPORTED_XPUS")
     out["supported_devices"] = (
         {"map": {k: sorted(v) for k, v in devices[0].items()}, "source": devices[1]}
         if devices

@@ -187,7 +187,7 @@ def nixl_device(topo: Topology) -> Iterator[Finding]:
                 f"{node.instance_name}: {_label(topo, node)}'s NixlConnector accepts only "
                 f"{', '.join(sorted(table['map']))} devices, not {dev}: the engine refuses "
                 "to start",
-                "run a release whose NIXL accepts this device (CPU: 0.12 or later)",
+                "run a release whose NIXL accepts this device (CPU: 0.11 or later)",
                 table["source"],
             )
 

@@ -242,3 +242,12 @@ def test_the_installed_release_accepts_every_shipped_topology_plan():
     last = proc.stdout.strip().splitlines()[-1]
     total = len(list((ROOT / "topologies").glob("*.yaml")))
     assert last.startswith(f"| 0.32.0 | {total}/{total} |"), last
+
+
+def test_k8s_export_takes_each_instance_release():
+    from pdlaunch.backends.k8s import build
+
+    text = json.dumps(build(plan_of(CUDA_TP2_DP2, **{"model.vllm_version": "0.23"})).objects)
+    assert "vllm/vllm-openai:v0.23.0" in text and "v0.32.0" not in text
+    text = json.dumps(build(plan_of(CUDA_TP2_DP2)).objects)
+    assert "vllm/vllm-openai:v0.32.0" in text
