@@ -396,7 +396,8 @@ def removed_setting(topo: Topology) -> Iterator[Finding]:
             ("kv_connector", "abort_request_timeout"),
             "abort_request_timeout was VLLM_NIXL_ABORT_REQUEST_TIMEOUT, which vLLM 0.32 no "
             "longer reads: prefill now holds KV for the lease, renewed by decode",
-            "use kv_connector.kv_lease_duration (seconds) instead",
+            "use kv_connector.kv_lease_duration (seconds) instead (for a release before 0.23 "
+            "pdlaunch renders it as VLLM_NIXL_ABORT_REQUEST_TIMEOUT)",
             "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py "
             "(kv_lease_duration); vllm/envs.py",
         )
