@@ -230,7 +230,11 @@ def pd_handshake(topo: Topology) -> Iterator[Finding]:
                 pf, df = facts.vllm(pv), facts.vllm(dv)
             except KeyError:
                 continue
-            path = ("decode", di, "vllm_version") if d.vllm_version else ("prefill", pi)
+            path: FieldPath = ("model", "vllm_version")
+            if d.vllm_version is not None:
+                path = ("decode", di, "vllm_version")
+            elif p.vllm_version is not None:
+                path = ("prefill", pi, "vllm_version")
             yield from _pair(topo, pv, dv, pf, df, path)
 
 
