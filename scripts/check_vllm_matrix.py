@@ -147,6 +147,9 @@ def _report(name: str, judged: dict, version: str) -> None:
 
 def main() -> int:
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # as scripts/gen_vllm_facts.py
+    from vllm_runtime_facts import torch_shims
+
+    torch_shims()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()

