@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pdlaunch import facts
 from pdlaunch import kvgeometry as kv
 from pdlaunch.cpubudget import assign_cores
 from pdlaunch.devices import PROFILES, profile
@@ -53,6 +54,20 @@ def ucx_tls(topo: Topology, node: Node) -> str | None:
     return node.instance.ucx_tls or topo.defaults.ucx_tls or profile(node.instance.device).ucx_tls
 
 
+ABORT_TIMEOUT = "VLLM_NIXL_ABORT_REQUEST_TIMEOUT"
+
+
+def _abort_timeout_release(topo: Topology, node: Node) -> bool:
+    """The node's vLLM reads no kv_lease_duration but the older abort timeout."""
+    try:
+        vf = facts.vllm(topo.vllm_version_of(node.instance))
+    except KeyError:
+        return False
+    return "kv_lease_duration" not in vf.nixl.get(
+        "extra_config_keys", {"kv_lease_duration": 1}
+    ) and (ABORT_TIMEOUT in vf.env)
+
+
 def derived_env(topo: Topology, node: Node) -> dict[str, EnvValue]:
     inst = node.instance
     dev = profile(inst.device)
@@ -84,6 +99,11 @@ def derived_env(topo: Topology, node: Node) -> dict[str, EnvValue]:
             # VLLM_HPU_HETERO_KV_LAYOUT=true imports hetero_hpu_nixl_connector).
             for name, value in path.post.env.items():
                 env[name] = EnvValue(value, f"plugin ({path.plugin_id}, native KV conversion)")
+        lease = topo.kv_connector.kv_lease_duration
+        if lease and _abort_timeout_release(topo, node):
+            # Before 0.23 NIXL had no lease: prefill freed unfetched KV after this timeout
+            # (0.10 vllm/envs.py:1154, 0.12 :1367; read in nixl_connector.py).
+            env[ABORT_TIMEOUT] = EnvValue(str(lease), "kv_connector.kv_lease_duration")
     devices = devices_of(topo, node)
     if dev.visible_devices_var:
         env[dev.visible_devices_var] = EnvValue(",".join(str(d) for d in devices), "devices")

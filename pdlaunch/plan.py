@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 # The KV extension's root imports no torch/vLLM: its config builder runs here.
+from pdlaunch import facts
 from pdlaunch import kv as kv_extension
 from pdlaunch import kvgeometry as kv
 from pdlaunch.addresses import is_local_control_host
@@ -72,6 +73,9 @@ class Process(Frozen):
     kv_transfer_config: dict[str, Any] | None = None
     gpu_memory_utilization: float | None = None
     vllm_bin: str | None = None  # None: the router
+    # The vLLM release this process runs (instance's vllm_version, else the model's): its
+    # argv, env and ports were rendered for it, and `check` compares the node's vLLM with it.
+    vllm_version: str | None = None  # None: the router
     # UCX_TLS / UCX_NET_DEVICES as planned (derived or the user's env), for check.
     ucx_tls: str | None = None
     ucx_net_devices: str | None = None
@@ -107,7 +111,8 @@ class Plan(Frozen):
     served_model_name: str
     agreed_block_size: int
     kv_connector: str
-    # The vLLM release series the nodes must run (flags were checked against its facts).
+    # The default vLLM release (model.vllm_version); an instance may run another
+    # (Process.vllm_version).
     vllm_version: str = "0.32"
     processes: list[Process]
     kv_paths: list[KvPair] = []
@@ -172,6 +177,21 @@ def _nixl_role(setting: str, role: str) -> str:
     return "kv_producer" if role == "prefill" else "kv_consumer"
 
 
+def _nixl_reads(topo: Topology, node: Node, key: str) -> bool:
+    """Whether the node's release's NixlConnector reads kv_connector_extra_config[key]."""
+    try:
+        vf = facts.vllm(topo.vllm_version_of(node.instance))
+    except KeyError:
+        return True  # the vllm-version rule refuses the topology
+    return key in vf.nixl.get("extra_config_keys", {})
+
+
+def mixed_releases(topo: Topology) -> bool:
+    """P and D instances declare different vLLM releases (the NIXL compatibility hash covers
+    vLLM's version: vllm/distributed/kv_transfer/kv_connector/v1/nixl/metadata.py:185)."""
+    return len({topo.vllm_version_of(inst) for _, _, inst in topo.instances()}) > 1
+
+
 def kv_transfer_config(topo: Topology, node: Node) -> dict[str, Any]:
     inst, kvc = node.instance, topo.kv_connector
     dev = profile(inst.device)
@@ -196,13 +216,20 @@ def kv_transfer_config(topo: Topology, node: Node) -> dict[str, Any]:
     role = _nixl_role(kvc.kv_role, node.role)
     extra: dict[str, Any] = {}
     compat = kvc.enforce_handshake_compat
-    if compat is None and kv.heterogeneous_devices(topo):
+    if compat is None and (kv.heterogeneous_devices(topo) or mixed_releases(topo)):
         compat = False
-    if compat is not None:
+    # Releases before the compatibility hash (0.10, 0.12) have nothing to switch off; the key
+    # would only be dropped (the version-render rule refuses an explicit setting there).
+    if compat is not None and (
+        kvc.enforce_handshake_compat is not None
+        or _nixl_reads(topo, node, "enforce_handshake_compat")
+    ):
         extra["enforce_handshake_compat"] = compat
     adv = kv.prefill_kv(topo, inst)
+    # Releases without the lease get VLLM_NIXL_ABORT_REQUEST_TIMEOUT instead (nodeenv.py).
+    lease = kvc.kv_lease_duration and _nixl_reads(topo, node, "kv_lease_duration")
     if node.role == "prefill" and adv.kind == "extension":
-        if kvc.kv_lease_duration:
+        if lease:
             extra["kv_lease_duration"] = kvc.kv_lease_duration
         return kv_extension.prefill_kv_transfer_config(
             agreed_block_size=kv.agreed_block_size(topo),
@@ -235,7 +262,7 @@ def kv_transfer_config(topo: Topology, node: Node) -> dict[str, Any]:
         or (native and kv_extension.KEY_AGREED_BLOCK_SIZE in native.extra_config)
     ):
         extra[kv_extension.KEY_AGREED_BLOCK_SIZE] = kv.agreed_block_size(topo)
-    if kvc.kv_lease_duration:
+    if lease:
         extra["kv_lease_duration"] = kvc.kv_lease_duration
     if extra:
         cfg["kv_connector_extra_config"] = extra
@@ -261,7 +288,21 @@ def _gpu_memory_utilization(topo: Topology, inst: Instance) -> float | None:
     return inst.gpu_memory_utilization or topo.defaults.gpu_memory_utilization
 
 
-def _serve_argv(topo: Topology, node: Node) -> list[str]:
+def _prefix_caching_off(topo: Topology, inst: Instance) -> str:
+    """The release's spelling: --no-enable-prefix-caching up to 0.32, --disable-prefix-caching
+    in 0.33 (its own action, vllm/engine/arg_utils.py:1402)."""
+    try:
+        flag = facts.vllm(topo.vllm_version_of(inst)).flag("enable_prefix_caching")
+    except KeyError:
+        flag = None
+    options = flag.options if flag else ()
+    return next((o for o in options if o.startswith(("--no-", "--disable-"))), NO_PREFIX_CACHING)
+
+
+NO_PREFIX_CACHING = "--no-enable-prefix-caching"
+
+
+def serve_argv(topo: Topology, node: Node) -> list[str]:
     inst, model = node.instance, topo.model
     binary = inst.vllm_bin or topo.defaults.vllm_bin
     argv = [binary, "serve", inst.model_path or model.name]
@@ -291,7 +332,7 @@ def _serve_argv(topo: Topology, node: Node) -> list[str]:
     if kv.block_size_pinned(topo, inst):
         argv += ["--block-size", str(kv.block_size(inst))]
     if not kv.prefix_caching(topo, node.role, inst):
-        argv.append("--no-enable-prefix-caching")
+        argv.append(_prefix_caching_off(topo, inst))
     if inst.enforce_eager:
         argv.append("--enforce-eager")
     if inst.dp.size > 1:
@@ -353,7 +394,7 @@ def _node_process(topo: Topology, node: Node, bases: dict, mooncake: dict) -> Pr
         host=node.host,
         local=_is_local(topo, node.host),
         ssh=_ssh(topo, node.host, inst.ssh),
-        argv=_serve_argv(topo, node),
+        argv=serve_argv(topo, node),
         env=env,
         device=inst.device,
         plugin=inst.plugin or plugin_default(inst.device),
@@ -361,6 +402,7 @@ def _node_process(topo: Topology, node: Node, bases: dict, mooncake: dict) -> Pr
         kv_transfer_config=kv_transfer_config(topo, node),
         gpu_memory_utilization=_gpu_memory_utilization(topo, inst),
         vllm_bin=inst.vllm_bin or topo.defaults.vllm_bin,
+        vllm_version=topo.vllm_version_of(inst),
         ucx_tls=env.get("UCX_TLS"),
         ucx_net_devices=env.get("UCX_NET_DEVICES"),
         kv_host=topo.kv_address(node.host) if topo.kv_connector.kind == "nixl" else None,

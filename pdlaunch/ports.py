@@ -16,8 +16,11 @@ FieldPath = tuple[str | int, ...]
 
 # vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py:76-79: the NIXL
 # side channel listens on VLLM_NIXL_SIDE_CHANNEL_PORT + data_parallel_index, one per DP rank
-# (TP ranks' metadata is gathered and served by that one listener).
+# (TP ranks' metadata is gathered and served by that one listener). Releases differ (0.10:
+# one per TP rank at PORT + dp_rank*tp + tp_rank): the formula of an instance's release comes
+# from its facts (runtime.nixl.side_channel, with the wheel's lines).
 SIDE_CHANNEL_SOURCE = "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py:76"
+PER_TP_RANK = "dp_rank_tp"  # the 0.10 formula's name in the facts
 # Where a program picks its listening address itself (or pdlaunch cannot know it): assume every
 # address, so a port it takes clashes with any other listener on that machine.
 EVERY_ADDRESS = "0.0.0.0"
@@ -121,8 +124,23 @@ def all_nodes(topo: Topology) -> list[Node]:
     )
 
 
-def _side_channel_ports(base: int, node: Node) -> list[int]:
-    return [base + node.start_rank + r for r in range(node.local_size)]
+def side_channel_formula(topo: Topology, inst: Instance) -> str:
+    """How the instance's vLLM derives its listeners' ports from VLLM_NIXL_SIDE_CHANNEL_PORT."""
+    from pdlaunch import facts
+
+    try:
+        vf = facts.vllm(topo.vllm_version_of(inst))
+    except KeyError:
+        return "dp_index"  # the vllm-version rule refuses the topology
+    return vf.side_channel.get("formula", "dp_index")
+
+
+def _side_channel_ports(base: int, node: Node, formula: str) -> list[tuple[int, str]]:
+    ranks = range(node.start_rank, node.start_rank + node.local_size)
+    if formula == PER_TP_RANK:
+        tp = node.instance.tp
+        return [(base + r * tp + t, f"DP rank {r}, TP rank {t}") for r in ranks for t in range(tp)]
+    return [(base + r, f"DP rank {r}") for r in ranks]
 
 
 def side_channel_bases(topo: Topology) -> dict[tuple[Role, int], int]:
@@ -144,7 +162,7 @@ def _side_channel_bases(topo: Topology) -> dict[tuple[Role, int], int]:
         if inst.side_channel_port is not None:
             bases[(role, i)] = inst.side_channel_port
             for n in nodes_of(role, i, inst):
-                for use in _side_channel_uses(inst.side_channel_port, n, ()):
+                for use in _side_channel_uses(topo, inst.side_channel_port, n, ()):
                     taken.add(n.name, n.host, use)
         else:
             pending.append((role, i, inst))
@@ -154,12 +172,12 @@ def _side_channel_bases(topo: Topology) -> dict[tuple[Role, int], int]:
         while any(
             taken.clash(n.host, use.bind, use.port)
             for n in nodes
-            for use in _side_channel_uses(base, n, ())
+            for use in _side_channel_uses(topo, base, n, ())
         ):
             base += 1
         bases[(role, i)] = base
         for n in nodes:
-            for use in _side_channel_uses(base, n, ()):
+            for use in _side_channel_uses(topo, base, n, ()):
                 taken.add(n.name, n.host, use)
     return bases
 
@@ -215,12 +233,13 @@ def _fixed_ports(topo: Topology, node: Node) -> list[PortUse]:
     return uses
 
 
-def _side_channel_uses(base: int, node: Node, field: FieldPath) -> list[PortUse]:
+def _side_channel_uses(topo: Topology, base: int, node: Node, field: FieldPath) -> list[PortUse]:
     # nixl/base_scheduler.py:348-351 binds tcp://VLLM_NIXL_SIDE_CHANNEL_HOST:port, and the
     # plan sets that variable to the node's host (nodeenv.py).
+    formula = side_channel_formula(topo, node.instance)
     return [
-        PortUse(port, f"NIXL side channel (DP rank {rank})", field, "nixl_side_channel", node.host)
-        for rank, port in enumerate(_side_channel_ports(base, node), node.start_rank)
+        PortUse(port, f"NIXL side channel ({ranks})", field, "nixl_side_channel", node.host)
+        for port, ranks in _side_channel_ports(base, node, formula)
     ]
 
 
@@ -238,7 +257,7 @@ def node_ports(
             if node.instance.side_channel_port is not None
             else ("kv_connector", "side_channel_port")
         )
-        uses += _side_channel_uses(bases[key], node, field)
+        uses += _side_channel_uses(topo, bases[key], node, field)
     elif mooncake is not None and node.role == "prefill":
         # vllm-ascend mooncake_connector (MooncakeConnectorWorker): the producer's sending
         # thread listens on kv_port + dp_rank*tp + tp_rank; the consumer only connects. It

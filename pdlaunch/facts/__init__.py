@@ -2,7 +2,12 @@
 
 The JSON files beside this module are generated from the installed parsers by
 `scripts/gen_vllm_facts.py` (a test keeps them current), so the control host judges argv
-without importing vLLM. `scan()` reads an argv the way the real parser will: vLLM's
+without importing vLLM. One file per vLLM series: the base series (0.32) whole, every other
+as its differences from the base (`base`, `flags_added`/`flags_removed` by dest,
+`env_added`/`env_removed`) plus its own `runtime` facts (NIXL side channel, handshake,
+kv_transfer_config fields, registered connectors), each with the wheel's file:line.
+
+`scan()` reads an argv the way the real parser will: vLLM's
 FlexibleArgumentParser (underscores are dashes in a flag name, `--x.key v` merges into the JSON
 flag `--x`, vllm/utils/argparse_utils.py:366-462) on top of argparse (`--flag=value`, unique
 prefixes of a long flag). Pure functions; no import of vLLM.
@@ -16,9 +21,11 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_VLLM = "0.32"
+_VERSION = re.compile(r"(\d+)\.(\d+)(?:[.\w+-]*)")
 ROUTER = "vllm-router-0.1.17"
 
 
@@ -76,6 +83,10 @@ class Facts:
     env: frozenset[str]
     removed_flags: dict[str, dict[str, str]]
     removed_env: dict[str, dict[str, str]]
+    # vLLM only: summary (prefix-caching / DP spellings, block-size choices) and run-time
+    # facts read from the wheel's code (scripts/vllm_runtime_facts.py).
+    summary: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    runtime: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
     by_option: dict[str, Flag] = field(repr=False, compare=False, default_factory=dict)
 
     @property
@@ -93,9 +104,63 @@ class Facts:
         close = difflib.get_close_matches(name, sorted(self.env), n=1, cutoff=0.8)
         return close[0] if close else None
 
+    @property
+    def nixl(self) -> dict[str, Any]:
+        return self.runtime.get("nixl", {})
+
+    @property
+    def kv_config_fields(self) -> frozenset[str]:
+        return frozenset(self.runtime.get("kv_transfer_config", {}).get("fields", ()))
+
+    @property
+    def kv_config_source(self) -> str:
+        return self.runtime.get("kv_transfer_config", {}).get("source", "")
+
+    @property
+    def kv_unknown_keys(self) -> str:
+        """What --kv-transfer-config does with a key it lacks: refused | dropped."""
+        return self.runtime.get("kv_transfer_config", {}).get("unknown_keys", "refused")
+
+    def json_config(self, dest: str) -> dict[str, Any] | None:
+        """The config class behind a config-object flag: class, fields, unknown_keys, source."""
+        return self.runtime.get("json_configs", {}).get(dest)
+
+    @property
+    def connectors(self) -> dict[str, dict[str, str]]:
+        return self.runtime.get("connectors", {})
+
+    @property
+    def side_channel(self) -> dict[str, Any]:
+        return self.nixl.get("side_channel", {})
+
+    def module_exists(self, module: str) -> bool:
+        """Whether `module` is one of the connector modules this release registers (or a
+        package/module that one of them lives in)."""
+        return any(
+            c["module"] == module or c["module"].startswith(module + ".")
+            for c in self.connectors.values()
+        )
+
+
+def _apply_difference(diff: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    # Mirror of scripts/gen_vllm_facts.py:apply_difference (the generator's test checks both).
+    gone = set(diff["flags_removed"])
+    full = {k: v for k, v in diff.items() if k != "base" and not k.startswith(("flags_", "env_"))}
+    full["flags"] = [f for f in base["flags"] if f["dest"] not in gone] + diff["flags_added"]
+    full["flags"].sort(key=lambda f: (f["options"][:1], f["dest"]))
+    full["env"] = sorted((set(base["env"]) - set(diff["env_removed"])) | set(diff["env_added"]))
+    return full
+
+
+def _raw(path: Path) -> dict[str, Any]:
+    raw = json.loads(path.read_text())
+    if "base" in raw:
+        raw = _apply_difference(raw, _raw(HERE / f"vllm-{raw['base']}.json"))
+    return raw
+
 
 def _load(path: Path) -> Facts:
-    raw = json.loads(path.read_text())
+    raw = _raw(path)
     flags = tuple(
         Flag(
             options=tuple(f["options"]),
@@ -118,20 +183,35 @@ def _load(path: Path) -> Facts:
         env=frozenset(raw["env"]),
         removed_flags=raw["removed_flags"],
         removed_env=raw["removed_env"],
+        summary=raw.get("summary", {}),
+        runtime=raw.get("runtime", {}),
     )
     facts.by_option.update({o: f for f in flags for o in f.options})
     return facts
 
 
+def _series_key(series: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in series.split("."))
+
+
 def supported_vllm() -> list[str]:
-    return sorted(p.stem.removeprefix("vllm-") for p in HERE.glob("vllm-[0-9]*.json"))
+    return sorted(
+        (p.stem.removeprefix("vllm-") for p in HERE.glob("vllm-[0-9]*.json")), key=_series_key
+    )
 
 
-@lru_cache(maxsize=8)
-def vllm(series: str = DEFAULT_VLLM) -> Facts:
-    path = HERE / f"vllm-{series}.json"
+def series_of(version: str) -> str:
+    """The series ("0.10") of 0.10, 0.10.2, 0.10.2rc2 or 0.10.2rc2.dev1+gf21f5ea (source build)."""
+    m = _VERSION.fullmatch(version.strip())
+    return f"{int(m.group(1))}.{int(m.group(2))}" if m else version
+
+
+@lru_cache(maxsize=32)
+def vllm(version: str = DEFAULT_VLLM) -> Facts:
+    """The facts of the series `version` belongs to; KeyError if pdlaunch has none."""
+    path = HERE / f"vllm-{series_of(version)}.json"
     if not path.is_file():
-        raise KeyError(series)
+        raise KeyError(version)
     return _load(path)
 
 

