@@ -152,8 +152,9 @@ def canary(
         return CanaryResult(False, f"cannot read engine /metrics before the canary: {exc}")
     # A fresh prefix (no prefix-cache hit) long enough to span several KV blocks.
     nonce = uuid.uuid4().hex[:12]
-    # Each sentence is at least 5 tokens ("wordN", " is", " followed", " by", " wordM.").
-    sentences = max(24, -(-min_prompt_tokens // 5) + 1)
+    # A sentence is ~8-10 tokens with common tokenizers (~20 with the tests' tiny BPE); the
+    # 24 of old already span 2 blocks of 128. `details["prompt_tokens"]` says what was sent.
+    sentences = max(24, -(-min_prompt_tokens // 8) + 1)
     prompt = f"pdlaunch canary {nonce}: " + " ".join(
         f"word{i} is followed by word{i + 1}." for i in range(sentences)
     )
