@@ -474,6 +474,7 @@ def _cpu_worker(monkeypatch, isa, caches, block=128, agreed=64):
     w.adapter = "paged"
     w.backend_name = "CPU_ATTN"
     w._skip_file = None
+    w.vllm_config = types.SimpleNamespace(cache_config=types.SimpleNamespace(cache_dtype="auto"))
     return w
 
 
@@ -482,6 +483,14 @@ def test_cpu_worker_refuses_unproven_isa_at_registration(monkeypatch, isa):
     caches = {"l0": torch.zeros(4, 2, 128, 16)}
     w = _cpu_worker(monkeypatch, isa, caches)
     with pytest.raises(conn.PdlaunchKVConfigError, match="not proven"):
+        w.register_kv_caches(caches)
+
+
+def test_cpu_worker_refuses_a_quantized_kv_cache(monkeypatch):
+    caches = {"l0": torch.zeros(4, 2, 128, 16)}
+    w = _cpu_worker(monkeypatch, "vec", caches)
+    w.vllm_config.cache_config.cache_dtype = "fp8"
+    with pytest.raises(conn.PdlaunchKVConfigError, match="kv-cache-dtype fp8"):
         w.register_kv_caches(caches)
 
 
