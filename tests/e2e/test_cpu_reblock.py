@@ -263,7 +263,8 @@ def test_reblocked_tokens_equal_plain_instance(dep: Deployment) -> None:
 def test_negative_control_without_reblock_decodes_wrong(dep: Deployment) -> None:
     """The same comparison with the re-block switched off must fail: the equality above is
     not vacuous (decode really reads what the re-block wrote)."""
-    prompts = [p for p in PROMPTS if len(p) >= DECODE_BLOCK]
+    # One prompt inside a sub-page, one across pages, two over several pages.
+    prompts = [p for p in PROMPTS if len(p) in (65, 129, 257, 513)]
     mark = len(dep.prefill_text())
     dep.skip_file.touch()
     try:
@@ -311,11 +312,11 @@ def test_aborted_request_leaves_a_working_deployment(dep: Deployment) -> None:
     victim = make_prompts(555, (450,))[0]
     for timeout in (0.2, 1.0):
         with contextlib.suppress(OSError):
-            post_json(dep.router + "/v1/completions", body(victim, max_tokens=64), timeout)
+            post_json(dep.router + "/v1/completions", body(victim), timeout)
     time.sleep(3)
     dep.healthy()
-    outputs = [complete(dep.router, p, f"after abort, {len(p)}") for p in PROMPTS[-4:]]
-    assert not _mismatches(dep, PROMPTS[-4:], outputs)
+    outputs = [complete(dep.router, p, f"after abort, {len(p)}") for p in PROMPTS[-2:]]
+    assert not _mismatches(dep, PROMPTS[-2:], outputs)
 
 
 @pytest.mark.e2e
