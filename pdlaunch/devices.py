@@ -284,8 +284,9 @@ PROFILES: dict[str, DeviceProfile] = {
         block_multiple_of=32,
         max_block_size=1024,
         connectors=frozenset({"nixl"}),
-        # CPU attention packs K/V in its own tiles: the KV extension cannot re-block them.
-        can_reblock=False,
+        # CPU attention keeps K dimension-major and V token-major inside a block: the KV
+        # extension's CPU adapter re-blocks it (pdlaunch/kv/layouts.py; AMX kernels refused).
+        can_reblock=True,
         layout_env=False,
         cpu_budget=CpuBudget(),
         probe_families=("cpu",),

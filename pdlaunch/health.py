@@ -144,12 +144,15 @@ def canary(
     timeout: float = 60.0,
     settle: float = 3.0,
     reference_health: list[str] | None = None,
+    min_prompt_tokens: int = 0,
 ) -> CanaryResult:
     """Send one small completion through the router; check the metrics moved as a disaggregated
     request moves them (see the module docstring), and (``reference_health``: engines that can
     answer alone, the prefill instances) that the answer equals the same greedy request's
     answer from one of them. ``settle``: how long to wait for the counters, which vLLM may
-    update just after the response is sent."""
+    update just after the response is sent. ``min_prompt_tokens``: make the prompt at least
+    this long (``up`` asks for more than two prefill blocks, so a re-blocking pair is proven
+    across block and sub-block boundaries). Decode must load exactly the prompt's tokens."""
     try:
         p0 = tokens_by_source(prefill_health, "local_compute")
         d0 = tokens_by_source(decode_health, "external_kv_transfer")
@@ -158,8 +161,11 @@ def canary(
         return CanaryResult(False, f"cannot read engine /metrics before the canary: {exc}")
     # A fresh prefix (no prefix-cache hit) long enough to span several KV blocks.
     nonce = uuid.uuid4().hex[:12]
+    # A sentence is ~8-10 tokens with common tokenizers (~20 with the tests' tiny BPE); the
+    # 24 of old already span 2 blocks of 128. `details["prompt_tokens"]` says what was sent.
+    sentences = max(24, -(-min_prompt_tokens // 8) + 1)
     prompt = f"pdlaunch canary {nonce}: " + " ".join(
-        f"word{i} is followed by word{i + 1}." for i in range(24)
+        f"word{i} is followed by word{i + 1}." for i in range(sentences)
     )
     body = {"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0}
     t0 = time.monotonic()
@@ -196,6 +202,9 @@ def canary(
         "decode_local_compute_tokens": dl1 - dl0,
         "usage": resp.get("usage"),
     }
+    usage = resp.get("usage") if isinstance(resp.get("usage"), dict) else {}
+    prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    details["prompt_tokens"] = prompt_tokens
     if d1 <= d0:
         return CanaryResult(
             False,
@@ -204,6 +213,16 @@ def canary(
             f"(+{dl1 - dl0:g} local_compute: decode recomputed the prompt instead of loading "
             "prefill's KV; check the router is in P/D mode and the KV connector handshake in "
             "the decode log)",
+            details,
+        )
+    # vLLM 0.32 counts the whole prompt as transferred; allow the last token recomputed (as
+    # older versions did), never fewer: a missing block would be decoded from stale memory.
+    if isinstance(prompt_tokens, int) and d1 - d0 < prompt_tokens - 1:
+        return CanaryResult(
+            False,
+            f"canary was served but decode loaded {d1 - d0:g} prompt tokens over the KV "
+            f"connector for a {prompt_tokens}-token prompt (and computed {dl1 - dl0:g} "
+            "itself): some of prefill's KV blocks were not transferred",
             details,
         )
     if p1 <= p0:

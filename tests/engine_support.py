@@ -111,6 +111,8 @@ def plain_reference(
     port: int,
     host: str = "127.0.0.1",
     wrap: Sequence[str] = (),
+    dtype: str = "float32",  # as topologies/local-cpu.yaml (AMX: a bf16 decode dies)
+    block_size: int = 32,
 ) -> PlainReference:
     """Start one plain instance (the topologies' engine settings, no KV connector) with
     ``wrap`` before its argv (e.g. ``ip netns exec NS``), answer every prompt, stop it. Its
@@ -129,9 +131,9 @@ def plain_reference(
         "--host", host, "--port", str(port),
         "--served-model-name", SERVED,
         "--tensor-parallel-size", "1",
-        "--dtype", "float32",  # as topologies/local-cpu.yaml (AMX: bf16 decode dies)
+        "--dtype", dtype,
         "--max-model-len", "1024",
-        "--block-size", "32",
+        "--block-size", str(block_size),
         "--no-enable-prefix-caching",
         "--enforce-eager",
     ]  # fmt: skip

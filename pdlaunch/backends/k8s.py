@@ -109,7 +109,6 @@ _SHM_VOLUME = {"name": "dshm", "emptyDir": {"medium": "Memory"}}
 _SHM_MOUNT = {"name": "dshm", "mountPath": "/dev/shm"}
 
 
-
 class ExportError(Exception):
     """A plan, topology or option the export cannot turn into manifests; the message says
     what to change. Nothing is written when it is raised."""

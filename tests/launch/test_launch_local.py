@@ -175,6 +175,14 @@ def test_canary_catches_non_disaggregated_serving(make_deployment):
     assert wait_no_procs(dep.work_root) == []
 
 
+def test_canary_catches_a_partial_kv_transfer(make_deployment):
+    dep = make_deployment("partial", decode_env={"FAKE_VLLM_MODE": "partial_kv"})
+    res = cli("up", dep.path, "--timeout", "120")
+    assert res.exit_code == 1, res.output
+    assert "some of prefill's KV blocks were not transferred" in res.output
+    assert wait_no_procs(dep.work_root) == []
+
+
 def test_canary_catches_disaggregated_serving_that_answers_wrong(make_deployment):
     # Decode loads the KV (the counters say "disaggregated") but decodes garbage, HTTP 200:
     # only comparing with prefill alone can see it.

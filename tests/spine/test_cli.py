@@ -268,8 +268,7 @@ def test_plan_json_keeps_argv_and_env():
 def test_export_k8s_writes_manifests_and_refuses_a_bad_topology(tmp_path):
     out_dir = tmp_path / "k8s"
     res = runner.invoke(
-        app, ["export", "k8s", str(ROOT / "topologies" / "gb200-xpyd.yaml"),
-              "-o", str(out_dir)]
+        app, ["export", "k8s", str(ROOT / "topologies" / "gb200-xpyd.yaml"), "-o", str(out_dir)]
     )
     assert res.exit_code == 0, res.output
     written = sorted(p.name for p in out_dir.iterdir())

@@ -161,18 +161,27 @@ def test_block_size_supported_per_device():
 
 
 def test_cpu_refuses_heterogeneous_blocks():
-    found = findings(
-        {
-            "prefill.0.device": "cpu",
-            "decode.0.device": "cpu",
-            "prefill.0.block_size": 64,
-            "decode.0.block_size": 128,
-        }
-    )
-    assert "cpu-block-size" in ids(found)
-    assert "cpu-block-size" not in ids(
-        findings({"prefill.0.device": "cpu", "decode.0.device": "cpu"})
-    )
+    cpu = {"prefill.0.device": "cpu", "decode.0.device": "cpu"}
+    # Decode merging smaller prefill blocks: stock merge, wrong tokens on CPU (measured).
+    merge = findings({**cpu, "prefill.0.block_size": 64, "decode.0.block_size": 128})
+    assert [f.field for f in merge if f.rule == "cpu-block-size"] == [("decode", 0, "block_size")]
+    assert "cpu-block-size" not in ids(findings(cpu))
+    # Prefill 128 -> decode 64: the extension's CPU adapter re-blocks, with a proven dtype.
+    reblock = {**cpu, "prefill.0.block_size": 128, "decode.0.block_size": 64}
+
+    def model(**kw):
+        return {"model": {**BASE["model"], **kw}}
+
+    ok = findings(reblock, **model(dtype="float32"))
+    assert "cpu-block-size" not in ids(ok) and "prefill-postprocess" not in ids(ok)
+    for dtype in ("bfloat16", "auto"):  # may select the unproven AMX kernels
+        found = findings(reblock, **model(dtype=dtype))
+        assert [f.field for f in found if f.rule == "cpu-block-size"] == [("model", "dtype")]
+    fp8 = findings(reblock, **model(dtype="float32", kv_cache_dtype="fp8"))
+    assert "cpu-block-size" in ids(fp8)
+    # Prefix caching on a re-blocking CPU prefill is still refused.
+    pc = findings({**reblock, "prefill.0.prefix_caching": True}, **model(dtype="float32"))
+    assert "prefill-postprocess" in ids(pc)
 
 
 def test_layouts_per_device():
