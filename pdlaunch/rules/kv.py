@@ -175,7 +175,7 @@ def cpu_block_size(topo: Topology) -> Iterator[Finding]:
                 "64 -> decode 128 decodes wrong tokens",
             )
     for i, inst in enumerate(topo.prefill):
-        if inst.device != "cpu" or not kv.prefill_kv(topo, inst).reblock:
+        if inst.device != "cpu" or kv.prefill_kv(topo, inst).kind != "extension":
             continue
         why = layouts.cpu_dtype_refusal(inst.dtype or topo.model.dtype)
         cache_dtype = inst.kv_cache_dtype or topo.model.kv_cache_dtype
