@@ -38,7 +38,7 @@ import jinja2
 from pdlaunch import __version__
 from pdlaunch.addresses import host_key
 from pdlaunch.devices import profile
-from pdlaunch.hosts.base import EXEC_OWNED
+from pdlaunch.hosts.shell import EXEC_OWNED
 from pdlaunch.plan import Plan, Process
 from pdlaunch.render import RenderedFile, comment, render_plan, shquote
 

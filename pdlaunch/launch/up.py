@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pdlaunch import health
 from pdlaunch.hosts import CommandTimeout, HostError, HostPool, Upload, parallel
-from pdlaunch.hosts.base import exec_owned_script
 from pdlaunch.hosts.pool import MAX_WORKERS, HostKey, Opener
+from pdlaunch.hosts.shell import exec_owned_script
 from pdlaunch.interrupts import Signalled, signal_name, signals_ignored, signals_interrupt
 from pdlaunch.plan import Plan, Process
 from pdlaunch.render import RenderedFile, render_plan
