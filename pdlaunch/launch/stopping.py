@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from pdlaunch.hosts import HostError, HostPool, parallel, sh_quote_path
+from pdlaunch.hosts import CommandTimeout, Host, HostError, HostPool, parallel, sh_quote_path
 from pdlaunch.state import DeploymentState, ProcessState
 
 from .model import STOP_ORDER, Reporter, View
@@ -37,7 +37,7 @@ def stop_processes(
                 if view and not failed:
                     view.state = "stopping"
                     reporter.update()
-                host.stop(ps.pid, grace=grace, start_time=ps.start_time, log_file=ps.log_path)
+                _stop_patiently(host, ps, grace)
             host.run(f"rm -f -- {sh_quote_path(ps.secrets_path)}", timeout=60)
             with lock:
                 ps.pid = None
@@ -56,3 +56,20 @@ def stop_processes(
         if procs:
             parallel(one, procs)
     return errors
+
+
+# A stop that timed out proved nothing either way. Under heavy load (engines dying on a 2-core
+# host, as in CI) a host can stall a command for a minute; the stop script is idempotent, so
+# asking again costs little and usually settles it ("none" if the first try finished the job).
+STOP_ATTEMPTS = 3
+
+
+def _stop_patiently(host: Host, ps: ProcessState, grace: float) -> None:
+    assert ps.pid is not None
+    for attempt in range(1, STOP_ATTEMPTS + 1):
+        try:
+            host.stop(ps.pid, grace=grace, start_time=ps.start_time, log_file=ps.log_path)
+            return
+        except CommandTimeout as exc:
+            if attempt == STOP_ATTEMPTS:
+                raise CommandTimeout(f"{exc} ({attempt} tries)", host=exc.host) from exc

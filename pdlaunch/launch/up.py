@@ -103,9 +103,9 @@ class _Run:
 
     def set(self, name: str, state: str, detail: str = "", pid: int | None = None) -> None:
         v = self.views[name]
-        v.state, v.detail = state, detail
-        if pid is not None:
+        if pid is not None:  # first: a reporter thread that sees the new detail sees the pid
             v.pid = pid
+        v.state, v.detail = state, detail
         self.reporter.update()
 
     def save(self) -> None:

@@ -107,7 +107,9 @@ class FakeWorld:
         with self._lock:
             self._rules.append(_Rule(host, method, name, error, times))
 
-    def hang(self, host: str | None, method: str, *, name: str | None = None) -> None:
+    def hang(
+        self, host: str | None, method: str, *, name: str | None = None, times: int | None = None
+    ) -> None:
         """``method`` runs past its timeout, as a host that accepted the login and then stopped
         answering (the message is SshHost's)."""
         where = host or "host"
@@ -116,6 +118,7 @@ class FakeWorld:
             method,
             name=name,
             error=CommandTimeout(f"{where}: command timed out after 60s: {method}", host=host),
+            times=times,
         )
 
     def clear_failures(self) -> None:
