@@ -394,10 +394,16 @@ class Topology(Strict):
         that one address), never by "same machine": SSH settings for 127.0.0.30 (a stand-in
         for another host) must not reach a router on 127.0.0.1, nor those of `localhost` one
         on 127.0.0.2."""
+        key = self.settings_key(host)
+        return self.hosts[key] if key is not None else HostSettings()
+
+    def settings_key(self, host: str) -> str | None:
+        """The `hosts:` key (as the user wrote it) whose settings apply to ``host``, if any:
+        what a finding about a host setting points at."""
         if host in self.hosts:
-            return self.hosts[host]
+            return host
         key = address_key(host)
-        return next((s for h, s in self.hosts.items() if address_key(h) == key), HostSettings())
+        return next((h for h in self.hosts if address_key(h) == key), None)
 
     def kv_address(self, host: str) -> str:
         """The address peers dial for KV on this node (VLLM_NIXL_SIDE_CHANNEL_HOST)."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pdlaunch.addresses import host_key
 from pdlaunch.cpubudget import host_budgets, host_cpus
 from pdlaunch.nodeenv import devices_of
 from pdlaunch.ports import all_nodes
@@ -30,7 +29,7 @@ def cpu_cores(topo: Topology) -> Iterator[Finding]:
                 "cpu-cores",
                 (*node.path, "devices"),
                 f"{node.name} is bound to core(s) {', '.join(map(str, missing))} but "
-                f"{node.host} has {cpus} (hosts.{host_key(node.host)}.cpus): OpenMP would "
+                f"{node.host} has {cpus} (hosts.{topo.settings_key(node.host)}.cpus): OpenMP would "
                 "bind to a core that does not exist",
                 f"list cores below {cpus} in `devices`, or correct `cpus`",
                 SOURCE,
@@ -40,7 +39,7 @@ def cpu_cores(topo: Topology) -> Iterator[Finding]:
 @rule("cpu-budget", "a host's CPU engines fit its cores", SOURCE)
 def cpu_budget(topo: Topology) -> Iterator[Finding]:
     for b in host_budgets(topo, lambda n: devices_of(topo, n)):
-        field = ("hosts", host_key(b.host), "cpus")
+        field = ("hosts", topo.settings_key(b.host) or b.host, "cpus")
         engines = ", ".join(b.engines)
         if b.cpus is not None and b.busy_threads > b.cpus:
             yield warning(

@@ -74,7 +74,10 @@ def test_oversubscribed_host_is_warned_with_its_numbers():
     assert len(busy) == 1 and busy[0].severity == "warning"
     # 3 engines x (1 OMP thread + 2 busy threads) = 9 on 2 cores.
     assert "has 2 cores" in busy[0].message and "keep 9 threads busy" in busy[0].message
-    assert busy[0].line is not None  # points at hosts.127.0.0.1.cpus in the file
+    # points at the key the user wrote (not its canonical "localhost"), on its line
+    assert busy[0].field == ("hosts", "127.0.0.1", "cpus") and busy[0].line is not None
+    text = topo_text(cpus=2)
+    assert text.splitlines()[busy[0].line - 1].strip() == "cpus: 2"
 
 
 def test_enough_cores_gives_no_busy_warning_but_still_names_shared_nixl_core():
