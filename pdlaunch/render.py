@@ -52,7 +52,9 @@ def command(argv: list[str]) -> str:
     return " \\\n    ".join(" ".join(words) for words in lines)
 
 
-def _environment() -> jinja2.Environment:
+def template_environment() -> jinja2.Environment:
+    """The Jinja environment of every script pdlaunch renders (SSH and Slurm): strict
+    undefined names, no autoescape, and the quoting filters."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
@@ -73,7 +75,7 @@ class RenderedFile:
 
 
 def render_plan(plan: Plan) -> list[RenderedFile]:
-    env = _environment()
+    env = template_environment()
     script = env.get_template("process.sh.j2")
     files = [
         RenderedFile(f"{p.name}.sh", script.render(plan=plan, p=p, version=__version__), True)

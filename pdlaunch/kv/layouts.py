@@ -1,6 +1,6 @@
 """Which KV cache layouts the extension can re-block, per attention backend (no torch).
 
-The one table for the connector inside vLLM (``pdlaunch.kv.connector`` picks its adapter from
+The one table for the connector inside vLLM (``pdlaunch.kv.adapters`` picks its adapter from
 the cache the engine registers) and for ``validate`` on the control host (``rules/kv.py``), so
 both refuse the same configurations.
 

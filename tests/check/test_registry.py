@@ -11,7 +11,8 @@ from pdlaunch.check import probes
 from pdlaunch.check.probes import MODULES, PROBES, families_of, select_probes
 from pdlaunch.devices import PROFILES
 
-RUNNER = Path(probes.__file__).resolve().parent.parent / "runner.py"
+# the modules that run probes on hosts: everything of pdlaunch/check outside probes/
+RUNNER_MODULES = sorted(Path(probes.__file__).resolve().parent.parent.glob("*.py"))
 
 
 def ids(selected) -> list[str]:
@@ -103,7 +104,9 @@ def plan_facts_violations(source: str) -> list[str]:
 
 
 def test_runner_reads_typed_facts_only():
-    assert plan_facts_violations(RUNNER.read_text()) == []
+    assert {m.name for m in RUNNER_MODULES} >= {"runner.py", "targets.py", "reach.py", "pairs.py"}
+    for module in RUNNER_MODULES:
+        assert plan_facts_violations(module.read_text()) == [], module.name
     # negative control: what the runner used to do
     old = (
         'DEVICE_KIND = {"cuda": "nvidia"}\n'

@@ -15,17 +15,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from pdlaunch.check.batch import Job, batch_script, parse_batch, run_jobs
 from pdlaunch.check.probes import CommandOutput
+from pdlaunch.check.report import CheckReport
 from pdlaunch.check.results import CheckResult, Status
-from pdlaunch.check.runner import (
-    CheckOptions,
-    CheckReport,
-    _Job,
-    batch_script,
-    parse_batch,
-    run_check,
-    run_jobs,
-)
+from pdlaunch.check.runner import CheckOptions, run_check
 from pdlaunch.hosts import ConnectOptions, LocalHost
 from pdlaunch.load import load
 from pdlaunch.plan import build_plan
@@ -381,11 +375,11 @@ def test_batch_framing_timeouts_and_odd_output():
         return ev
 
     jobs = [
-        _Job("printf 'no newline'; printf 'e1\\ne2\\n' >&2; exit 3", 5, keep("a"), "a"),
-        _Job("true", 5, keep("empty"), "empty"),
-        _Job("printf '\\n\\nx\\n\\n'", 5, keep("blank"), "blank"),
-        _Job("exit 127", 5, keep("missing"), "missing"),
-        _Job("sleep 10", 1, keep("slow"), "slow"),
+        Job("printf 'no newline'; printf 'e1\\ne2\\n' >&2; exit 3", 5, keep("a"), "a"),
+        Job("true", 5, keep("empty"), "empty"),
+        Job("printf '\\n\\nx\\n\\n'", 5, keep("blank"), "blank"),
+        Job("exit 127", 5, keep("missing"), "missing"),
+        Job("sleep 10", 1, keep("slow"), "slow"),
     ]
     res = run_jobs(host, jobs, "h")
     assert seen["a"] == CommandOutput(3, "no newline", "e1\ne2\n")
@@ -399,7 +393,7 @@ def test_batch_framing_timeouts_and_odd_output():
 
 def test_parse_batch_ignores_missing_jobs():
     b = "@@B"
-    script = batch_script([_Job("echo hi", 5, lambda o: [], "x")], b)
+    script = batch_script([Job("echo hi", 5, lambda o: [], "x")], b)
     assert "wait" in script and "timeout -k 2 5" in script
     text = f"{b} 0 out\nhi\n\n{b} 0 err\n\n{b} 0 rc 0\n{b} 1 out\npartial"
     assert parse_batch(text, b, 2) == {0: CommandOutput(0, "hi\n", "")}

@@ -34,6 +34,7 @@ from pdlaunch import kvgeometry
 from pdlaunch.kv import (
     CONNECTOR_CLASS,
     CONNECTOR_MODULE_PATH,
+    adapters,
     agreed_block_size,
     prefill_kv_transfer_config,
 )
@@ -357,9 +358,11 @@ def _bare_worker(prefill, settings, per_logical=1):
     w.src_layout = prefill.layout
     w.dst_layout = conn.target_layout(prefill.layout, settings.decode_kv_layout)
     w.ratio = prefill.block_size // settings.agreed_block_size
-    w.adapter = "paged"
+    w.adapter = adapters.PAGED
     w.backend_name = "FLASH_ATTN"
+    w.kv_cache_layout = kb.VLLM_LAYOUT_NAMES[prefill.layout]
     w._skip_file = None
+    w.vllm_config = types.SimpleNamespace(cache_config=types.SimpleNamespace(cache_dtype="auto"))
     return w
 
 
@@ -471,7 +474,7 @@ def _cpu_worker(monkeypatch, isa, caches, block=128, agreed=64):
     w.src_layout = "HND"
     w.dst_layout = "HND"
     w.ratio = block // agreed
-    w.adapter = "paged"
+    w.adapter = adapters.PAGED
     w.backend_name = "CPU_ATTN"
     w._skip_file = None
     w.vllm_config = types.SimpleNamespace(cache_config=types.SimpleNamespace(cache_dtype="auto"))
@@ -502,7 +505,7 @@ def test_cpu_worker_reblocks_with_the_cpu_adapter(monkeypatch, tmp_path):
     caches["l0_alias"] = caches["l0"]
     w = _cpu_worker(monkeypatch, "vec", caches)
     w.register_kv_caches(caches)
-    assert w.adapter == "cpu" and len(w._reblock_caches) == 1
+    assert w.adapter is adapters.CPU and len(w._reblock_caches) == 1
     import msgspec
 
     meta = msgspec.msgpack.decode(

@@ -180,7 +180,7 @@ def test_the_node_runner_runs_only_our_own_scripts(kind, tmp_path: Path) -> None
     else:
         run = Path("/bin/true")  # root's, not ours
     res = subprocess.run(
-        ["bash", "-c", slurm.NODE_RUNNER, "pdlaunch-node", str(run), "-", "-", "-"],
+        ["bash", "-c", slurm.node_runner(), "pdlaunch-node", str(run), "-", "-", "-"],
         capture_output=True,
         text=True,
         timeout=30,
@@ -189,7 +189,7 @@ def test_the_node_runner_runs_only_our_own_scripts(kind, tmp_path: Path) -> None
     assert "refusing to run" in res.stderr
     assert not marker.exists()
     # The router's step goes through the node runner too.
-    plan_script = [ln for ln in slurm.NODE_RUNNER.splitlines() if ln.startswith("s=")]
+    plan_script = [ln for ln in slurm.node_runner().splitlines() if ln.startswith("s=")]
     assert plan_script == ["s=$script"]
 
 

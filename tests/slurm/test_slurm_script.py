@@ -264,7 +264,7 @@ def _runner(tmp_path: Path, args: list[str], **env: str) -> subprocess.Completed
                       "bind=${PDLAUNCH_CPU_BIND-unset}\"\n")  # fmt: skip
     script.chmod(0o755)
     return subprocess.run(
-        ["bash", "-c", slurm.NODE_RUNNER, "pdlaunch-node", str(script), *args],
+        ["bash", "-c", slurm.node_runner(), "pdlaunch-node", str(script), *args],
         env={"PATH": os.environ["PATH"], **env},
         capture_output=True,
         text=True,

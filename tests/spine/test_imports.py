@@ -26,7 +26,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Loaded by vLLM on prefill nodes through kv_connector_module_path (pdlaunch/kv/__init__.py):
 # they import torch (and vLLM, NIXL) at the top on purpose.
-NODE_ONLY = {"pdlaunch.kv.blocks", "pdlaunch.kv.connector", "pdlaunch.kv.cpu_blocks"}
+NODE_ONLY = {
+    "pdlaunch.kv.adapters",
+    "pdlaunch.kv.blocks",
+    "pdlaunch.kv.connector",
+    "pdlaunch.kv.cpu_blocks",
+    "pdlaunch.kv.handshake",
+    "pdlaunch.kv.settings",
+    "pdlaunch.kv.vllm_check",
+}
 HEAVY = ("torch", "vllm", "nixl")
 
 # Imported by the driver before forking, only to save each child the time: a child still

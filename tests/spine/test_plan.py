@@ -246,7 +246,7 @@ def test_processes_carry_typed_facts():
 
 
 def test_reach_pairs_read_port_kinds_not_labels():
-    from pdlaunch.check.runner import reach_pairs
+    from pdlaunch.check.reach import reach_pairs
 
     plan = plan_of("gb200-xpyd.yaml")
     relabeled = plan.model_copy(

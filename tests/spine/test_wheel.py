@@ -18,6 +18,7 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+from pdlaunch.backends import slurm
 from pdlaunch.load import load
 from pdlaunch.plan import build_plan
 from pdlaunch.render import render_plan, write_files
@@ -44,6 +45,11 @@ def test_installed_wheel_renders_like_the_source_tree(tmp_path):
     wheel = build_wheel(tmp_path / "dist")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"pdlaunch/templates/process.sh.j2", "pdlaunch/templates/index.md.j2"} <= names
+    assert {
+        "pdlaunch/templates/slurm/job.sh.j2",
+        "pdlaunch/templates/slurm/node-runner.sh.j2",
+        "pdlaunch/templates/slurm/http-probe.sh.j2",
+    } <= names
     assert "pdlaunch/topologies/local-cpu.yaml" in names
 
     venv = tmp_path / "venv"
@@ -84,3 +90,22 @@ def test_installed_wheel_renders_like_the_source_tree(tmp_path):
     for path in expected.iterdir():
         assert filecmp.cmp(path, got / path.name, shallow=False), path.name
         assert (got / path.name).stat().st_mode == path.stat().st_mode, path.name
+
+    # The Slurm job's shell (templates/slurm) renders from the wheel as from the source tree.
+    slurm_job = sh(
+        py,
+        "-c",
+        "import json, sys; from pdlaunch.load import load; from pdlaunch.plan import build_plan;"
+        "from pdlaunch.backends import slurm;"
+        "plan = build_plan(load(sys.argv[1])[0]);"
+        "files = slurm.render_job(plan, slurm.SlurmOptions());"
+        "print(json.dumps({f.name: f.content for f in files}))",
+        topology.name,
+        cwd=work,
+        env=env,
+        timeout=120,
+    )
+    expected_job = {
+        f.name: f.content for f in slurm.render_job(build_plan(topo), slurm.SlurmOptions())
+    }
+    assert json.loads(slurm_job.stdout) == expected_job
