@@ -47,6 +47,9 @@ class ProcessRecord:
     work_dir: str
     script_path: str
     secrets_path: str
+    # vllm-router's Prometheus port (doctor, watch); None for engines (their HTTP port
+    # serves /metrics) and in records written before it was kept.
+    metrics_port: int | None = None
 
 
 @dataclass
@@ -121,8 +124,10 @@ class SlurmRecord:
                 check_own_path(f"processes[{i}].{key}", getattr(p, key), p.work_dir, dep, *parts)
             if p.component < 0 or p.node < 0 or p.component >= max(1, len(rec.components)):
                 raise ValueError(f"processes[{i}]: component {p.component} node {p.node}")
-            if p.port is not None and not 0 < p.port < 65536:
-                raise ValueError(f"processes[{i}].port is {p.port}: not a port")
+            for key in ("port", "metrics_port"):
+                v = getattr(p, key)
+                if v is not None and not 0 < v < 65536:
+                    raise ValueError(f"processes[{i}].{key} is {v}: not a port")
         return rec
 
 
@@ -213,4 +218,5 @@ def _process_record(p: Process, component: int, node: int) -> ProcessRecord:
         work_dir=p.work_dir,
         script_path=p.script_path,
         secrets_path=p.secrets_path,
+        metrics_port=p.ports[1].port if p.role == "router" and len(p.ports) > 1 else None,
     )
