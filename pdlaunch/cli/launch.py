@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from pdlaunch import health, launch
+from pdlaunch import health, launch, record
 from pdlaunch import watch as watch_mod
 from pdlaunch.check.runner import CheckOptions, run_check
 from pdlaunch.cli import slurm as slurm_cli
@@ -400,14 +400,13 @@ def status_cmd(
     from squeue/sacct, each process's node and health). Exit 1 unless all are alive and
     healthy (with --watch: unless every refresh found the deployment disaggregated)."""
     deployment = resolve_deployment(target, as_json)
-    if slurm_cli.recorded_backend(deployment, backend) is slurm_cli.Backend.slurm:
-        if watch:
-            bad_input("--watch is not available for a Slurm deployment yet")
+    which = slurm_cli.recorded_backend(deployment, backend)
+    if watch:
+        _watch(deployment, which.value, interval, count, as_json)
+        return
+    if which is slurm_cli.Backend.slurm:
         slurm_cli.status(deployment, as_json)
     connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
-    if watch:
-        _watch(deployment, interval, count, as_json)
-        return
     try:
         state, rows = launch.status(
             deployment,
@@ -504,21 +503,30 @@ def logs_cmd(
         raise typer.Exit(EXIT_OK) from None
 
 
-def _watch(deployment: str, interval: float, count: int | None, as_json: bool) -> None:
-    """Read every engine's /metrics each ``interval`` and print what changed (pdlaunch.watch)."""
+def _watch(
+    deployment: str, backend: str, interval: float, count: int | None, as_json: bool
+) -> None:
+    """Read every engine's /metrics each ``interval`` and print what changed (pdlaunch.watch),
+    where the deployment's record says each engine listens (a Slurm job: on its node)."""
     try:
-        state = load_state(deployment)
+        rec = record.find(deployment, backend)
     except StateError as exc:
         failed(str(exc))
-    if state is None:
+    if rec is None:
         failed(f"{deployment}: nothing recorded (was it started with `pdlaunch up`?)")
-    engines = [p for p in state.processes if p.role != "router" and p.health_url]
+    engines = [p for p in rec.engines() if p.metrics_url or p.host is None]
+    unplaced = ""
+    if isinstance(rec.handle, record.SlurmHandle):
+        unplaced = f"not placed: Slurm job {rec.handle.job_id} is {rec.handle.job_state}"
 
     def snapshot() -> dict[str, watch_mod.Counters | str]:
         snap: dict[str, watch_mod.Counters | str] = {}
         for p in engines:
+            if p.metrics_url is None:
+                snap[p.name] = unplaced or "no /metrics recorded"
+                continue
             try:
-                text = health.get_text(health.base_url(p.health_url) + "/metrics", timeout=5.0)
+                text = health.get_text(p.metrics_url, timeout=5.0)
                 snap[p.name] = watch_mod.Counters.parse(text)
             except OSError as exc:
                 snap[p.name] = f"no /metrics: {exc}"

@@ -140,6 +140,5 @@ def test_damaged_ambiguous_and_missing_records(tmp_path: Path, state_dir: Path) 
         record.find("bad", place=False)
     found = list(record.find_all())
     assert sorted(r.backend for r in found if isinstance(r, record.Record)) == ["slurm", "ssh"]
-    assert [str(e) for e in found if isinstance(e, record.RecordError)][0].startswith(
-        "the Slurm record"
-    )
+    errors = [str(e) for e in found if isinstance(e, record.RecordError)]
+    assert len(errors) == 1 and errors[0].startswith("the Slurm record"), errors
