@@ -26,6 +26,7 @@ from pdlaunch.state import (
     check_own_path,
     deployment_dir,
     parse_json_as,
+    read_record,
 )
 
 FORMAT = 1
@@ -146,21 +147,8 @@ def record_path(deployment: str) -> Path:
 
 def load_record(deployment: str) -> SlurmRecord | None:
     path = record_path(deployment)
-    try:
-        text = path.read_text(encoding="utf-8")
-        json.loads(text)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise StateError(
-            f"cannot read the Slurm record {path}: {exc}. {by_hand(deployment, path)}"
-        ) from None
-    try:
-        return SlurmRecord.parse(text, deployment)
-    except ValueError as exc:
-        raise StateError(
-            f"the Slurm record {path} is damaged: {exc}. {by_hand(deployment, path)}"
-        ) from None
+    return read_record(path, SlurmRecord.parse, deployment, "the Slurm record",
+                       lambda: by_hand(deployment, path))  # fmt: skip
 
 
 def by_hand(deployment: str, path: Path) -> str:
