@@ -39,6 +39,7 @@ from pdlaunch.state import (
 
 FORMAT = 2
 BACKENDS = ("ssh", "slurm")
+UNKNOWN = "UNKNOWN"  # a Slurm job's state when Slurm could not be asked
 
 
 class RecordError(StateError):
@@ -239,16 +240,26 @@ def from_slurm(
 
 def placement(srec: Any) -> tuple[dict[str, tuple[str | None, str | None]], str, str]:
     """Ask Slurm where the job's processes run: ({name: (node, base URL)}, job state,
-    detail). Processes of a job that does not run are left out (not placed)."""
-    from pdlaunch.backends import slurm_run  # the Slurm client; imported only when needed
+    detail). Processes of a job that does not run are left out (not placed); a Slurm that
+    does not answer leaves them out too, the state UNKNOWN and the detail saying why.
+    RecordError when the job the record names is not this deployment's (an edited or stale
+    record: its nodes would be taken for the deployment's)."""
+    # The Slurm client; imported only when a Slurm record is placed.
+    from pdlaunch.backends import slurm_record, slurm_run
 
-    info = slurm_run.job_info(srec.job_id)
-    if not info.running:
-        return {}, info.state, info.detail
     try:
+        info = slurm_run.job_info(srec.job_id)
+        if info.active and (why := slurm_run.not_ours(srec)):
+            path = slurm_record.record_path(srec.deployment)
+            raise RecordError(
+                f"the record {path} names job {srec.job_id}, which is not this deployment's "
+                f"job ({why}). {slurm_record.by_hand(srec.deployment, path)}"
+            )
+        if not info.running:
+            return {}, info.state, info.detail
         urls = slurm_run.endpoints(srec, info)
     except slurm_run.SlurmRunError as exc:
-        return {}, info.state, str(exc)
+        return {}, UNKNOWN, str(exc)
     placed: dict[str, tuple[str | None, str | None]] = {}
     for p in srec.processes:
         nodes = info.components[p.component].nodes

@@ -517,7 +517,9 @@ def _watch(
     engines = [p for p in rec.engines() if p.metrics_url or p.host is None]
     unplaced = ""
     if isinstance(rec.handle, record.SlurmHandle):
-        unplaced = f"not placed: Slurm job {rec.handle.job_id} is {rec.handle.job_state}"
+        h = rec.handle
+        unplaced = f"not placed: Slurm job {h.job_id} is {h.job_state}"
+        unplaced += f" ({h.job_detail})" if h.job_detail else ""
 
     def snapshot() -> dict[str, watch_mod.Counters | str]:
         snap: dict[str, watch_mod.Counters | str] = {}

@@ -14,7 +14,7 @@ import contextlib
 from pathlib import Path
 
 from pdlaunch import health
-from pdlaunch.record import Record, SlurmHandle
+from pdlaunch.record import UNKNOWN, Record, SlurmHandle
 from pdlaunch.state import DeploymentState, ProcessState
 
 NOT_PLACED = "(not placed)"
@@ -78,8 +78,12 @@ def slurm_running(rec: Record, timeout: float = 5.0) -> dict[str, tuple[str, str
         if h.job_state != "RUNNING":
             why = f"job {h.job_id} is {h.job_state}"
             why += f" ({h.job_detail})" if h.job_detail else ""
-            waiting = h.job_state in ("PENDING", "CONFIGURING")
-            out[p.name] = ("not started" if waiting else "dead", why)
+            if h.job_state in (None, UNKNOWN):
+                out[p.name] = ("unknown", why)  # Slurm did not answer: nothing is proven
+            elif h.job_state in ("PENDING", "CONFIGURING"):
+                out[p.name] = ("not started", why)
+            else:
+                out[p.name] = ("dead", why)
         elif p.health_url is None:
             out[p.name] = ("alive", f"job {h.job_id} runs; {p.name} serves no HTTP")
         else:

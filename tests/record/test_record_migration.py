@@ -142,3 +142,24 @@ def test_damaged_ambiguous_and_missing_records(tmp_path: Path, state_dir: Path) 
     assert sorted(r.backend for r in found if isinstance(r, record.Record)) == ["slurm", "ssh"]
     errors = [str(e) for e in found if isinstance(e, record.RecordError)]
     assert len(errors) == 1 and errors[0].startswith("the Slurm record"), errors
+
+
+def test_a_slurm_that_does_not_answer_leaves_the_job_unplaced_and_unknown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No Slurm client on this host: the record is found, nothing placed, and the doctor
+    says "unknown" (never "dead": nothing was proven)."""
+    from pdlaunch.doctor.slurm import slurm_running
+
+    plan = _plan(tmp_path, "noslurm")
+    slurm_record.save_record(slurm_record.record_of(plan, "77"))
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    rec = record.find("noslurm")
+    assert rec is not None and isinstance(rec.handle, record.SlurmHandle)
+    assert rec.handle.job_state == "UNKNOWN" and "squeue not found" in rec.handle.job_detail
+    assert rec.endpoint is None and all(p.health_url is None for p in rec.processes)
+    running = slurm_running(rec)
+    assert {v[0] for v in running.values()} == {"unknown"}, running
+    assert "job 77 is UNKNOWN (squeue not found" in running["router"][1]
