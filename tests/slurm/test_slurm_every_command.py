@@ -102,12 +102,13 @@ def test_every_command_reaches_a_slurm_deployment_where_slurm_runs_it(
     # doctor --bundle: logs from the job's work dir, metrics from the engines on their nodes.
     bundle = tmp_path / "b.tar.gz"
     r = _pdl("doctor", "slurm-every", "--json", "--bundle", bundle)
+    assert r.returncode == 0, r
     data = json.loads(r.stdout)
-    ids = {f["id"] for f in data["findings"]}
-    assert not ids & {"process-dead", "process-unverified", "log-unreadable"}, data
-    engines_metrics = [f for f in data["findings"] if f["id"] == "metrics-unreachable"
-                       and "router" not in f["where"]]  # fmt: skip
-    assert engines_metrics == [], data
+    # The one finding: the stand-in router serves no /metrics; asked on its node, at the
+    # Prometheus port the Slurm record keeps for it.
+    found = [(f["id"], f["where"].split("@")[0], f["what"]) for f in data["findings"]]
+    metrics = f"http://127.0.0.1:{ports['metrics']}/metrics"
+    assert found == [("metrics-unreachable", "router", f"{metrics}: connection refused")], data
     with tarfile.open(bundle) as tar:
         names = {m.name.split("/", 1)[1]: m for m in tar.getmembers()}
         text = {n: tar.extractfile(m).read().decode() for n, m in names.items()}
@@ -116,7 +117,6 @@ def test_every_command_reaches_a_slurm_deployment_where_slurm_runs_it(
     assert json.loads(text["record.json"])["endpoint"] == router_url
     assert json.loads(text["slurm.json"])["job_id"] == up.job_id
     assert "state.json" not in text and "scripts/slurm-job.sh" in text
-    assert r.returncode in (0, 1), r
 
     # status --watch: each engine's counters read on its node.
     r = _pdl("status", "slurm-every", "--watch", "--interval", "0.5", "--count", "1", "--json")
