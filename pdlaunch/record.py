@@ -298,7 +298,8 @@ def find(deployment: str, backend: str | None = None, *, place: bool = True) -> 
     which = backend_of(deployment, backend)
     if which == "ssh":
         state = load_state(deployment)
-        return None if state is None else from_state(state, str(files(deployment).get("ssh")))
+        path = deployment_dir(deployment) / STATE_FILE
+        return None if state is None else from_state(state, str(path))
     if which == "slurm":
         from pdlaunch.backends import slurm_record
 
