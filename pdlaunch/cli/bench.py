@@ -181,7 +181,7 @@ class Target:
     """Where the benchmark goes: the router's base URL and health URL, and each engine's
     role and /metrics URL (None: not known)."""
 
-    backend: str
+    backend: str | None  # None: nothing recorded here, the plan's addresses
     base: str
     health_url: str | None
     engines: dict[str, tuple[str, str | None]]
@@ -204,14 +204,14 @@ def _target(plan: Plan, rec: record.Record | None, as_json: bool) -> Target:
             for p in plan.processes
             if p.role in ("prefill", "decode")
         }
-        return Target("plan", plan.endpoint(), plan.router.health_url, metrics)
+        return Target(None, plan.endpoint(), plan.router.health_url, metrics)
     router = rec.router
     if rec.endpoint is None or router is None:
         why = ""
         if isinstance(rec.handle, record.SlurmHandle):
             why = f": Slurm job {rec.handle.job_id} is {rec.handle.job_state}"
             why += f" ({rec.handle.job_detail})" if rec.handle.job_detail else ""
-        _fail(f"{plan.deployment}: the router does not run anywhere yet{why}", as_json)
+        _fail(f"{plan.deployment}: its router is not running{why}", as_json)
     engines = {p.name: (p.role, p.metrics_url) for p in rec.engines()}
     return Target(rec.backend, rec.endpoint, router.health_url, engines)
 
