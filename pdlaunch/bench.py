@@ -91,8 +91,15 @@ def check_tokenizer(tokenizer: str) -> None:
         )
 
 
-def bench_argv(plan: Plan, opts: BenchOptions, result_dir: str, vllm: str = "vllm") -> list[str]:
-    """`vllm bench serve` against the plan's router endpoint, saving its JSON result as
+def bench_argv(
+    plan: Plan,
+    opts: BenchOptions,
+    result_dir: str,
+    vllm: str = "vllm",
+    base_url: str | None = None,
+) -> list[str]:
+    """`vllm bench serve` against the router at ``base_url`` (default: the plan's endpoint;
+    the deployment's record says where the router really runs), saving its JSON result as
     ``result_dir/bench.json``."""
     opts.check()
     return [
@@ -102,7 +109,7 @@ def bench_argv(plan: Plan, opts: BenchOptions, result_dir: str, vllm: str = "vll
         "--backend",
         "vllm",
         "--base-url",
-        plan.endpoint(),
+        base_url or plan.endpoint(),
         "--endpoint",
         "/v1/completions",
         "--model",
@@ -164,6 +171,7 @@ def run_bench(
     vllm: str = "vllm",
     timeout: float = 1800.0,
     announce: Callable[[list[str]], None] | None = None,
+    base_url: str | None = None,
 ) -> BenchResult:
     """Run `vllm bench serve` on ``host`` against the plan's router and parse its result.
 
@@ -174,7 +182,7 @@ def run_bench(
     made = host.run('mktemp -d "${TMPDIR:-/tmp}/pdlaunch-bench.XXXXXX"', timeout=60, check=True)
     result_dir = made.stdout.strip()
     try:
-        argv = bench_argv(plan, opts, result_dir, vllm)
+        argv = bench_argv(plan, opts, result_dir, vllm, base_url)
         if announce is not None:
             announce(argv)
         try:

@@ -15,7 +15,7 @@ import json
 import os
 import posixpath
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -181,19 +181,35 @@ class StateError(Exception):
     """State on the control host cannot be read, written or locked; message is user-facing."""
 
 
-def load_state(deployment: str) -> DeploymentState | None:
-    path = deployment_dir(deployment) / STATE_FILE
+def read_record(
+    path: Path,
+    parse: Callable[[str, str], _T],
+    deployment: str,
+    what: str = "the record",
+    hint: Callable[[], str] = lambda: "",
+) -> _T | None:
+    """The record of ``deployment`` in ``path`` through ``parse`` (text, deployment), None
+    when there is no such file; StateError naming ``what``, the file and why it cannot be
+    read or trusted, then ``hint()`` (what to do by hand), otherwise. Every backend's record
+    is read here (pdlaunch.record finds them)."""
     try:
         text = path.read_text(encoding="utf-8")
         json.loads(text)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        raise StateError(f"cannot read the record {path}: {exc}") from None
-    try:
-        return DeploymentState.parse(text, deployment)
-    except ValueError as exc:
-        raise StateError(f"the record {path} is damaged: {exc}") from None
+        why = f"cannot read {what} {path}: {exc}"
+    else:
+        try:
+            return parse(text, deployment)
+        except ValueError as exc:
+            why = f"{what} {path} is damaged: {exc}"
+    more = hint()
+    raise StateError(f"{why}. {more}" if more else why)
+
+
+def load_state(deployment: str) -> DeploymentState | None:
+    return read_record(deployment_dir(deployment) / STATE_FILE, DeploymentState.parse, deployment)
 
 
 def save_state(state: DeploymentState) -> Path:

@@ -26,6 +26,7 @@ from pdlaunch.state import (
     check_own_path,
     deployment_dir,
     parse_json_as,
+    read_record,
 )
 
 FORMAT = 1
@@ -47,6 +48,9 @@ class ProcessRecord:
     work_dir: str
     script_path: str
     secrets_path: str
+    # vllm-router's Prometheus port (doctor, watch); None for engines (their HTTP port
+    # serves /metrics) and in records written before it was kept.
+    metrics_port: int | None = None
 
 
 @dataclass
@@ -121,8 +125,10 @@ class SlurmRecord:
                 check_own_path(f"processes[{i}].{key}", getattr(p, key), p.work_dir, dep, *parts)
             if p.component < 0 or p.node < 0 or p.component >= max(1, len(rec.components)):
                 raise ValueError(f"processes[{i}]: component {p.component} node {p.node}")
-            if p.port is not None and not 0 < p.port < 65536:
-                raise ValueError(f"processes[{i}].port is {p.port}: not a port")
+            for key in ("port", "metrics_port"):
+                v = getattr(p, key)
+                if v is not None and not 0 < v < 65536:
+                    raise ValueError(f"processes[{i}].{key} is {v}: not a port")
         return rec
 
 
@@ -141,21 +147,8 @@ def record_path(deployment: str) -> Path:
 
 def load_record(deployment: str) -> SlurmRecord | None:
     path = record_path(deployment)
-    try:
-        text = path.read_text(encoding="utf-8")
-        json.loads(text)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise StateError(
-            f"cannot read the Slurm record {path}: {exc}. {by_hand(deployment, path)}"
-        ) from None
-    try:
-        return SlurmRecord.parse(text, deployment)
-    except ValueError as exc:
-        raise StateError(
-            f"the Slurm record {path} is damaged: {exc}. {by_hand(deployment, path)}"
-        ) from None
+    return read_record(path, SlurmRecord.parse, deployment, "the Slurm record",
+                       lambda: by_hand(deployment, path))  # fmt: skip
 
 
 def by_hand(deployment: str, path: Path) -> str:
@@ -213,4 +206,5 @@ def _process_record(p: Process, component: int, node: int) -> ProcessRecord:
         work_dir=p.work_dir,
         script_path=p.script_path,
         secrets_path=p.secrets_path,
+        metrics_port=p.ports[1].port if p.role == "router" and len(p.ports) > 1 else None,
     )

@@ -5,6 +5,7 @@
 - :mod:`.reports`: tables more than one command prints;
 - :mod:`.targets`: which deployment a command means;
 - :mod:`.slurm`: the `--backend slurm` flags and what the commands do with them;
+- :mod:`.watch_cmd`: `status --watch` on any backend, through the deployment's record;
 - one module per command group, each registering its commands on the app when imported:
   :mod:`.spec` (validate, plan, render, schema), :mod:`.launch` (up, down, status, logs),
   :mod:`.check`, :mod:`.bench`, :mod:`.doctor`, :mod:`.export`.

@@ -6,18 +6,20 @@ decode instead of loaded over the KV connector (benchdisagg.py): not a PD result
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, NoReturn
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from pdlaunch import bench, benchdisagg
+from pdlaunch import bench, benchdisagg, record
 from pdlaunch.cli.app import (
     EXIT_FAILED,
     app,
     bad_input,
     err,
+    load_or_exit,
     out,
     plan_or_exit,
     print_error,
@@ -27,6 +29,8 @@ from pdlaunch.cli.options import BenchTimeoutOpt, JsonOpt, TopologyArg
 from pdlaunch.health import base_url, get_text, probe
 from pdlaunch.hosts import HostError, LocalHost
 from pdlaunch.plan import Plan
+from pdlaunch.rules import RUNTIME_ADDRESSED
+from pdlaunch.state import StateError
 
 # The run completed but was not (entirely) disaggregated: its numbers are not a PD result.
 EXIT_NOT_DISAGGREGATED = 3
@@ -90,7 +94,12 @@ def bench_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Benchmark a running deployment through its router (vllm bench serve, random dataset)."""
-    plan = plan_or_exit(topology, as_json)
+    topo, _ = load_or_exit(topology, as_json)
+    rec = _record(topo.deployment, as_json)
+    # A Slurm job gives each node its own address at run time: the rules it was started
+    # under (`up --backend slurm`) judge its topology here too.
+    on_slurm = rec is not None and rec.backend == "slurm"
+    plan = plan_or_exit(topology, as_json, RUNTIME_ADDRESSED if on_slurm else frozenset())
     opts = bench.BenchOptions(
         num_prompts=num_prompts,
         input_len=input_len,
@@ -107,7 +116,8 @@ def bench_cmd(
         bench.check_tokenizer(opts.tokenizer or plan.model)
     except bench.BenchError as exc:
         _fail(str(exc), as_json)
-    health_url = plan.router.health_url
+    target = _target(plan, rec, as_json)
+    health_url = target.health_url
     if health_url and not probe(health_url, timeout=5).ok:
         _fail(f"the router is not healthy at {health_url} (is the deployment up?)", as_json)
 
@@ -115,24 +125,27 @@ def bench_cmd(
         if not as_json:
             err.print(Text(" ".join(argv), style="dim"))
 
-    engines = {p.name: p.role for p in plan.processes if p.role in ("prefill", "decode")}
-    before = _metrics(plan)
+    engines = {name: role for name, (role, _) in target.engines.items()}
+    before = _metrics(target)
     # The client runs on the control host (the tokenizer and `vllm` were found here), through
     # the hosts layer like every other command pdlaunch runs.
     host = LocalHost()
     try:
-        result = bench.run_bench(host, plan, opts, vllm=vllm, timeout=timeout, announce=announce)
+        result = bench.run_bench(
+            host, plan, opts, vllm=vllm, timeout=timeout, announce=announce, base_url=target.base
+        )
     except bench.BenchError as exc:
         _fail(str(exc), as_json, exc.tail)
     except HostError as exc:
         _fail(str(exc), as_json)
     finally:
         host.close()
-    verdict = benchdisagg.judge(engines, before, _metrics(plan), input_len)
+    verdict = benchdisagg.judge(engines, before, _metrics(target), input_len)
     if as_json:
         print_json(
             {
-                "endpoint": plan.endpoint(),
+                "endpoint": target.base,
+                "backend": target.backend,
                 "model": plan.served_model_name,
                 "num_prompts": num_prompts,
                 "input_len": input_len,
@@ -143,9 +156,7 @@ def bench_cmd(
             }
         )
     else:
-        out.print(
-            _table(result, f"{plan.deployment}: {plan.endpoint()} ({plan.served_model_name})")
-        )
+        out.print(_table(result, f"{plan.deployment}: {target.base} ({plan.served_model_name})"))
         out.print(_summary(result))
     if not result.ok:
         if not as_json:
@@ -165,18 +176,54 @@ def bench_cmd(
         raise typer.Exit(EXIT_NOT_DISAGGREGATED)
 
 
-def _metrics(plan: Plan) -> dict[str, str | None]:
+@dataclass(frozen=True)
+class Target:
+    """Where the benchmark goes: the router's base URL and health URL, and each engine's
+    role and /metrics URL (None: not known)."""
+
+    backend: str | None  # None: nothing recorded here, the plan's addresses
+    base: str
+    health_url: str | None
+    engines: dict[str, tuple[str, str | None]]
+
+
+def _record(deployment: str, as_json: bool) -> record.Record | None:
+    try:
+        return record.find(deployment)
+    except StateError as exc:
+        _fail(str(exc), as_json)
+
+
+def _target(plan: Plan, rec: record.Record | None, as_json: bool) -> Target:
+    """Where the deployment really runs: its record (SSH or Slurm: a Slurm job's router is
+    on the allocation's first node, at the address Slurm reaches it), else, with nothing
+    recorded here, the plan's addresses (a deployment started from another control host)."""
+    if rec is None:
+        metrics = {
+            p.name: (p.role, base_url(p.health_url) + "/metrics" if p.health_url else None)
+            for p in plan.processes
+            if p.role in ("prefill", "decode")
+        }
+        return Target(None, plan.endpoint(), plan.router.health_url, metrics)
+    router = rec.router
+    if rec.endpoint is None or router is None:
+        why = ""
+        if isinstance(rec.handle, record.SlurmHandle):
+            why = f": Slurm job {rec.handle.job_id} is {rec.handle.job_state}"
+            why += f" ({rec.handle.job_detail})" if rec.handle.job_detail else ""
+        _fail(f"{plan.deployment}: its router is not running{why}", as_json)
+    engines = {p.name: (p.role, p.metrics_url) for p in rec.engines()}
+    return Target(rec.backend, rec.endpoint, router.health_url, engines)
+
+
+def _metrics(target: Target) -> dict[str, str | None]:
     """Each engine's /metrics text (None where it does not answer), read from here."""
     out: dict[str, str | None] = {}
-    for p in plan.processes:
-        if p.role not in ("prefill", "decode"):
-            continue
+    for name, (_, url) in target.engines.items():
         try:
-            out[p.name] = (
-                get_text(base_url(p.health_url) + "/metrics", timeout=10) if p.health_url else None
-            )
+            out[name] = get_text(url, timeout=10) if url else None
         except OSError:
-            out[p.name] = None
+            out[name] = None
     return out
 
 

@@ -19,8 +19,10 @@ from pdlaunch.cli.options import (
     TargetArg,
     connect_options,
 )
+from pdlaunch.cli.slurm import RecordedBackendOpt
 from pdlaunch.cli.targets import resolve_deployment
 from pdlaunch.hosts import HostPool
+from pdlaunch.record import SshHandle
 
 
 @app.command("doctor")
@@ -47,16 +49,19 @@ def doctor_cmd(
     known_hosts: KnownHostsOpt = None,
     ssh_config: SshConfigOpt = None,
     as_json: JsonOpt = False,
+    backend: RecordedBackendOpt = None,
 ) -> None:
     """Read every process's log and metrics, match known failure signatures, and say what
-    happened, where, why, and how to fix it. Exit 1 when any error is found."""
+    happened, where, why, and how to fix it (a Slurm job: where Slurm placed it, its logs in
+    the job's work dirs). Exit 1 when any error is found."""
     deployment = resolve_deployment(target, as_json)
     connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
     try:
-        state = doctor.resolve(deployment)
-        with HostPool(connect.or_recorded(state.known_hosts, state.ssh_config)) as pool:
+        rec = doctor.find_record(deployment, backend.value if backend else None)
+        hosts = rec.handle if isinstance(rec.handle, SshHandle) else SshHandle(topology="")
+        with HostPool(connect.or_recorded(hosts.known_hosts, hosts.ssh_config)) as pool:
             exam = doctor.examine(
-                state, pool, lines=lines, metrics_interval=interval, versions=bundle is not None
+                rec, pool, lines=lines, metrics_interval=interval, versions=bundle is not None
             )
             if bundle is not None:
                 doctor.write_bundle(bundle, exam)

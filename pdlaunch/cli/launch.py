@@ -6,21 +6,19 @@ record) each hands over to :mod:`pdlaunch.cli.slurm`."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console, Group
 from rich.live import Live
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from pdlaunch import health, launch
-from pdlaunch import watch as watch_mod
+from pdlaunch import launch
 from pdlaunch.check.runner import CheckOptions, run_check
 from pdlaunch.cli import slurm as slurm_cli
+from pdlaunch.cli import watch_cmd as watch_cli
 from pdlaunch.cli.app import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -400,14 +398,13 @@ def status_cmd(
     from squeue/sacct, each process's node and health). Exit 1 unless all are alive and
     healthy (with --watch: unless every refresh found the deployment disaggregated)."""
     deployment = resolve_deployment(target, as_json)
-    if slurm_cli.recorded_backend(deployment, backend) is slurm_cli.Backend.slurm:
-        if watch:
-            bad_input("--watch is not available for a Slurm deployment yet")
+    which = slurm_cli.recorded_backend(deployment, backend)
+    if watch:
+        watch_cli.watch(deployment, which.value, interval, count, as_json)
+        return
+    if which is slurm_cli.Backend.slurm:
         slurm_cli.status(deployment, as_json)
     connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
-    if watch:
-        _watch(deployment, interval, count, as_json)
-        return
     try:
         state, rows = launch.status(
             deployment,
@@ -502,92 +499,3 @@ def logs_cmd(
         failed(str(exc))
     except KeyboardInterrupt:
         raise typer.Exit(EXIT_OK) from None
-
-
-def _watch(deployment: str, interval: float, count: int | None, as_json: bool) -> None:
-    """Read every engine's /metrics each ``interval`` and print what changed (pdlaunch.watch)."""
-    try:
-        state = load_state(deployment)
-    except StateError as exc:
-        failed(str(exc))
-    if state is None:
-        failed(f"{deployment}: nothing recorded (was it started with `pdlaunch up`?)")
-    engines = [p for p in state.processes if p.role != "router" and p.health_url]
-
-    def snapshot() -> dict[str, watch_mod.Counters | str]:
-        snap: dict[str, watch_mod.Counters | str] = {}
-        for p in engines:
-            try:
-                text = health.get_text(health.base_url(p.health_url) + "/metrics", timeout=5.0)
-                snap[p.name] = watch_mod.Counters.parse(text)
-            except OSError as exc:
-                snap[p.name] = f"no /metrics: {exc}"
-        return snap
-
-    before = snapshot()
-    seen_bad = False
-    done = 0
-    try:
-        while count is None or done < count:
-            time.sleep(interval)
-            now = snapshot()
-            rows = []
-            for p in engines:
-                b, n = before.get(p.name), now.get(p.name)
-                if isinstance(b, watch_mod.Counters) and isinstance(n, watch_mod.Counters):
-                    rows.append(watch_mod.judge(p.name, p.role, b, n))
-                else:
-                    why = n if isinstance(n, str) else str(b)
-                    rows.append(
-                        watch_mod.WatchRow(
-                            p.name, p.role, watch_mod.Counters(), watch_mod.Counters(), [why]
-                        )
-                    )
-            seen_bad = seen_bad or any(not r.ok for r in rows)
-            _print_watch(deployment, rows, interval, as_json)
-            before = now
-            done += 1
-    except KeyboardInterrupt:
-        pass
-    if seen_bad:
-        raise typer.Exit(EXIT_FAILED)
-
-
-def _print_watch(deployment: str, rows: list, interval: float, as_json: bool) -> None:
-    if as_json:
-        print_json(
-            {
-                "deployment": deployment,
-                "time": round(time.time(), 3),
-                "processes": [
-                    {
-                        "process": r.process,
-                        "role": r.role,
-                        "requests": r.delta.requests,
-                        "local_compute_tokens": r.delta.local,
-                        "kv_transfer_tokens": r.delta.external,
-                        "failed_transfers": r.delta.failed,
-                        "expired_leases": r.delta.expired,
-                        "flags": r.flags,
-                    }
-                    for r in rows
-                ],
-            }
-        )
-        return
-    table = Table(title=f"{deployment}: last {interval:g}s", box=None, pad_edge=False)
-    for col in ("process", "requests", "computed", "loaded (KV)", "failed", "expired", "verdict"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        d = r.delta
-        verdict = "[green]ok[/]" if r.ok else "[red]" + escape("; ".join(r.flags)) + "[/]"
-        table.add_row(
-            r.process,
-            f"{d.requests:g}",
-            f"{d.local:g}",
-            f"{d.external:g}",
-            f"{d.failed:g}",
-            f"{d.expired:g}",
-            verdict,
-        )
-    out.print(table)

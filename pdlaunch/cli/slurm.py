@@ -22,7 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from pdlaunch import health
+from pdlaunch import health, record
 from pdlaunch.backends import slurm, slurm_rules, slurm_run
 from pdlaunch.backends.slurm import SlurmError, SlurmOptions
 from pdlaunch.backends.slurm_run import SlurmRunError
@@ -42,11 +42,12 @@ from pdlaunch.cli.app import (
     print_json,
     refuse,
 )
+from pdlaunch.hosts import HostError
 from pdlaunch.interrupts import INTERRUPTS, signals_ignored, signals_interrupt
 from pdlaunch.plan import Plan, build_plan
 from pdlaunch.render import RenderedFile, plan_json, write_files
 from pdlaunch.rules import RUNTIME_ADDRESSED, Finding, has_errors, validate
-from pdlaunch.state import STATE_FILE, StateError, deployment_dir
+from pdlaunch.state import StateError
 
 
 class Backend(str, Enum):
@@ -197,14 +198,11 @@ def recorded_backend(deployment: str, backend: Backend | None) -> Backend:
     it has none: its commands say "nothing recorded" themselves)."""
     if backend is not None:
         return backend
-    d = deployment_dir(deployment)
-    ssh, on_slurm = (d / STATE_FILE).is_file(), slurm_run.record_path(deployment).is_file()
-    if ssh and on_slurm:
-        bad_input(
-            f"{deployment} has both an SSH record and a Slurm record in {d}: "
-            "pass --backend ssh or --backend slurm"
-        )
-    return Backend.slurm if on_slurm else Backend.ssh
+    try:
+        which = record.backend_of(deployment)
+    except record.RecordError as exc:
+        bad_input(str(exc))
+    return Backend.slurm if which == "slurm" else Backend.ssh
 
 
 def refuse_ssh_up(deployment: str) -> None:
@@ -530,13 +528,14 @@ def status(deployment: str, as_json: bool) -> NoReturn:
 def logs(deployment: str, name: str, lines: int, follow: bool) -> None:
     """A process's log (``driver``: the batch script's own), its last ``lines``."""
     try:
-        if follow:
-            rec = slurm_run.load_record(deployment)
-            p = rec.process(name) if rec else None
-            where = f": tail -f {p.log_path}" if p else ""
-            bad_input(f"--follow is not available for a Slurm deployment yet{where}")
+        if follow:  # the job's logs are in its work dirs, which this host shares
+            for line in record.follow_recorded_log(deployment, name, lines, "slurm"):
+                out.out(line, highlight=False)
+            return
         text = slurm_run.logs(deployment, name, lines)
-    except (SlurmRunError, StateError) as exc:
+    except (SlurmRunError, StateError, HostError) as exc:
         failed(str(exc))
+    except KeyboardInterrupt:
+        return
     if text:
         out.out(text.rstrip("\n"), highlight=False)

@@ -35,8 +35,10 @@ from pdlaunch.doctor.collect import TopologyFile, collect, load_topology
 from pdlaunch.doctor.diagnose import CHECKS, Finding, diagnose_evidence, match
 from pdlaunch.doctor.evidence import Evidence, HostVersions, ProcessEvidence
 from pdlaunch.doctor.signatures import Signature, SignatureError, signatures
+from pdlaunch.doctor.slurm import slurm_running, slurm_state
 from pdlaunch.hosts import HostPool
-from pdlaunch.state import DeploymentState, StateError, load_state
+from pdlaunch.record import Record, find
+from pdlaunch.state import DeploymentState, StateError
 
 __all__ = [
     "CHECKS",
@@ -67,25 +69,42 @@ class Examination:
     evidence: Evidence
     topology: TopologyFile
     findings: list[Finding] = field(default_factory=list)
+    record: Record | None = None  # the record it was found by (format 2)
 
 
-def resolve(deployment_or_state: str | DeploymentState) -> DeploymentState:
-    if isinstance(deployment_or_state, DeploymentState):
-        return deployment_or_state
+def find_record(deployment: str, backend: str | None = None) -> Record:
+    """The deployment's record, whichever backend started it (a Slurm job's processes
+    placed where Slurm runs them); DoctorError when there is none or it cannot be read."""
     try:
-        state = load_state(deployment_or_state)
+        rec = find(deployment, backend)
     except StateError as exc:
         raise DoctorError(str(exc)) from None
-    if state is None:
+    if rec is None:
         raise DoctorError(
-            f"no deployment {deployment_or_state!r} is recorded on this control host "
+            f"no deployment {deployment!r} is recorded on this control host "
             "(`pdlaunch status` lists them)"
         )
-    return state
+    return rec
+
+
+def state_of(rec: Record) -> DeploymentState:
+    """The per-process view the gathering reads: an SSH deployment's own state, a Slurm
+    job's processes where Slurm placed them (pdlaunch.doctor.slurm)."""
+    if rec.backend == "slurm":
+        return slurm_state(rec)
+    return rec.native
+
+
+def resolve(deployment_or_state: str | DeploymentState | Record) -> DeploymentState:
+    if isinstance(deployment_or_state, DeploymentState):
+        return deployment_or_state
+    if isinstance(deployment_or_state, Record):
+        return state_of(deployment_or_state)
+    return state_of(find_record(deployment_or_state))
 
 
 def examine(
-    deployment_or_state: str | DeploymentState,
+    deployment_or_state: str | DeploymentState | Record,
     pool: HostPool,
     *,
     lines: int = 500,
@@ -98,8 +117,17 @@ def examine(
     ``lines``: log lines read per process. ``timeout``: seconds per HTTP request.
     ``metrics_interval``: when > 0, /metrics is read twice that many seconds apart and
     counters are judged by how they moved (a decode that recomputes *now*), else by their
-    totals since start. ``versions``: also probe every host's software versions."""
-    state = resolve(deployment_or_state)
+    totals since start. ``versions``: also probe every host's software versions (over
+    SSH; a Slurm job's nodes are not probed).
+
+    A Slurm deployment is read where Slurm placed it: the router and engines at their
+    nodes' addresses, the logs in the job's work dirs, each process running by the job's
+    state and its health."""
+    target = deployment_or_state
+    rec = find_record(target) if isinstance(target, str) else None
+    rec = target if isinstance(target, Record) else rec
+    state = resolve(rec if rec is not None else target)
+    slurm = rec is not None and rec.backend == "slurm"
     topology = load_topology(state)
     evidence = collect(
         state,
@@ -107,14 +135,16 @@ def examine(
         lines=lines,
         timeout=timeout,
         metrics_interval=metrics_interval,
-        versions=versions,
+        versions=versions and not slurm,
         plan=topology.plan,
+        running=slurm_running(rec, timeout) if slurm and rec is not None else None,
     )
-    return Examination(state, evidence, topology, diagnose_evidence(evidence, topology.plan))
+    findings = diagnose_evidence(evidence, topology.plan)
+    return Examination(state, evidence, topology, findings, rec)
 
 
 def diagnose(
-    deployment_or_state: str | DeploymentState,
+    deployment_or_state: str | DeploymentState | Record,
     pool: HostPool,
     *,
     lines: int = 500,
@@ -130,7 +160,7 @@ def diagnose(
 
 def write_bundle(
     path: str | os.PathLike[str],
-    target: str | DeploymentState | Examination,
+    target: str | DeploymentState | Record | Examination,
     pool: HostPool | None = None,
     *,
     lines: int = 500,
@@ -166,4 +196,5 @@ def write_bundle(
         topology=exam.topology,
         check_json=check_json,
         env=env,
+        record=exam.record,
     )

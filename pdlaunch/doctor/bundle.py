@@ -37,6 +37,7 @@ from pdlaunch import __version__
 from pdlaunch.doctor.collect import TopologyFile
 from pdlaunch.doctor.diagnose import Finding
 from pdlaunch.doctor.evidence import Evidence
+from pdlaunch.record import Record
 from pdlaunch.render import plan_json, render_plan
 from pdlaunch.state import DeploymentState
 
@@ -178,13 +179,24 @@ def members(
     findings: list[Finding],
     topology: TopologyFile | None = None,
     check_json: str | Mapping[str, Any] | None = None,
+    record: Record | None = None,
 ) -> tuple[list[tuple[str, str]], list[str]]:
-    """The bundle's files as (name, text), before redaction, and the notes for the manifest."""
+    """The bundle's files as (name, text), before redaction, and the notes for the manifest.
+    ``record``: the deployment's record as found (format 2, in ``record.json``); a Slurm
+    job's own record goes in as ``slurm.json`` (its per-process view is no state.json)."""
     files: list[tuple[str, str]] = []
     notes: list[str] = []
     files.append(("summary.txt", summary(findings)))
     files.append(("findings.json", _json([f.to_dict() for f in findings])))
-    files.append(("state.json", _json(state.to_json())))
+    if record is not None:
+        files.append(("record.json", record.to_json()))
+    if record is not None and record.backend == "slurm":
+        files.append(("slurm.json", _json(asdict(record.native))))
+        if state.scripts:
+            notes.append("scripts/ holds the Slurm job's files as written for sbatch")
+        notes.append("versions.json: a Slurm job's nodes are not probed for versions")
+    else:
+        files.append(("state.json", _json(state.to_json())))
     if topology is not None and topology.note:
         notes.append(topology.note)
     if topology is not None and topology.text is not None:
@@ -197,7 +209,7 @@ def members(
     else:
         for name, text in sorted(state.scripts.items()):
             files.append((f"scripts/{_safe(name)}", text))
-        if state.scripts:
+        if state.scripts and (record is None or record.backend != "slurm"):
             notes.append("scripts/ holds the scripts as uploaded by `up` (recorded in the state)")
     for p in evidence.processes:
         base = _safe(p.name)
@@ -228,6 +240,7 @@ def write_bundle(
     topology: TopologyFile | None = None,
     check_json: str | Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
+    record: Record | None = None,
 ) -> Path:
     """Write the redacted tar.gz at ``path`` (mode 0600, replaced atomically) and return it.
     ``env``: where the secrets' values are read (default: this process's environment)."""
@@ -236,7 +249,7 @@ def write_bundle(
     if topology is not None and topology.plan is not None:
         planned = {v for p in topology.plan.processes for v in p.secret_env.values()}
         names = sorted(set(names) | planned)
-    files, notes = members(state, evidence, findings, topology, check_json)
+    files, notes = members(state, evidence, findings, topology, check_json, record)
     flagged = flagged_values(text for _, text in files)
     redact = Redactor([*secret_values(names, env), *flagged])
     created = evidence.collected_at or time.time()

@@ -20,10 +20,11 @@ from typing import Any
 
 from pdlaunch.check.probes.versions import SNIPPET as CHECK_VERSIONS_SNIPPET
 from pdlaunch.doctor.evidence import Evidence, HostVersions, ProcessEvidence
-from pdlaunch.health import HttpError, base_url, get_text
+from pdlaunch.health import HttpError, get_text
 from pdlaunch.hosts import HostError, HostPool, parallel, sh_quote_path
 from pdlaunch.load import LoadError, load_text, read_text
 from pdlaunch.plan import Plan, Process, build_plan
+from pdlaunch.record import metrics_url_of
 from pdlaunch.rules import has_errors, validate
 from pdlaunch.state import DeploymentState, ProcessState
 
@@ -110,14 +111,7 @@ def load_topology(state: DeploymentState) -> TopologyFile:
 def metrics_url(p: ProcessState) -> str | None:
     """Where a process serves Prometheus text: an engine on its HTTP port, vllm-router on its
     own metrics port (the second port recorded for it)."""
-    if not p.health_url:
-        return None
-    if p.role == "router":
-        if len(p.ports) < 2:
-            return None
-        scheme_host = p.health_url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)[0]
-        return f"http://{scheme_host}:{p.ports[1]}/metrics"
-    return base_url(p.health_url) + "/metrics"
+    return metrics_url_of(p.role, p.health_url, p.ports[1] if len(p.ports) > 1 else None)
 
 
 def _fetch(url: str, timeout: float) -> tuple[str | None, str | None]:
@@ -260,8 +254,11 @@ def collect(
     metrics_interval: float = 0.0,
     versions: bool = False,
     plan: Plan | None = None,
+    running: dict[str, tuple[str, str]] | None = None,
 ) -> Evidence:
-    """Everything the doctor reads from a recorded deployment, gathered in parallel."""
+    """Everything the doctor reads from a recorded deployment, gathered in parallel.
+    ``running``: whether each process runs, as its backend knows it (a Slurm job's state);
+    by default the survey over the hosts that `status` and `down` make."""
 
     def one(p: ProcessState) -> ProcessEvidence:
         return collect_process(
@@ -270,7 +267,8 @@ def collect(
 
     ev = Evidence(state.deployment, collected_at=time.time(), lines=lines)
     ev.processes = parallel(one, state.processes)
-    running = collect_running(state, pool)
+    if running is None:
+        running = collect_running(state, pool)
     for p in ev.processes:
         p.running, p.running_detail = running.get(p.name, (None, ""))
     if versions:

@@ -24,8 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from pdlaunch import doctor
 from pdlaunch.backends import slurm, slurm_rules, slurm_run
+from pdlaunch.cli import app
+from pdlaunch.hosts import HostPool
 from tests.e2e_support import (
     CPU_PD_PROMPTS,
     complete,
@@ -186,6 +190,37 @@ def test_status_shows_the_job_running_and_healthy(slurm_dep) -> None:
     assert {(p.name, p.node) for p in st.processes} == {
         ("prefill-0", nodes[0]), ("decode-0", nodes[1]), ("router", nodes[0])
     }  # fmt: skip
+
+
+@pytest.mark.timeout(E2E_TIMEOUT)
+def test_doctor_and_watch_read_real_engines_and_router_where_slurm_runs_them(slurm_dep) -> None:
+    """doctor reads every process's log in the job's work dir and /metrics on its node: the
+    engines' and vllm-router's own (its Prometheus port, kept in the Slurm record); no error
+    found in a deployment that serves. status --watch reads the same counters."""
+    name = slurm_dep["name"]
+    with HostPool() as pool:
+        exam = doctor.examine(name, pool, lines=200)
+    assert exam.record is not None and exam.record.backend == "slurm"
+    by_name = {p.name: p for p in exam.evidence.processes}
+    assert set(by_name) == {"prefill-0", "decode-0", "router"}
+    for p in by_name.values():
+        assert p.running == "alive", (p.name, p.running, p.running_detail)
+        assert p.log and p.log_error is None, (p.name, p.log_error)
+        assert p.metrics is not None, (p.name, p.metrics_url, p.metrics_error)
+    assert "vllm:prompt_tokens_by_source" in by_name["decode-0"].metrics
+    assert by_name["router"].metrics_url.endswith(
+        f":{slurm_dep['plan'].router.ports[1].port}/metrics"
+    )
+    errors = [f"{f.id}: {f.what}" for f in exam.findings if f.severity == "error"]
+    assert errors == [], errors
+
+    res = CliRunner().invoke(
+        app, ["status", name, "--watch", "--interval", "1", "--count", "1", "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["processes"]
+    assert sorted(r["process"] for r in rows) == ["decode-0", "prefill-0"], rows
+    assert all(r["flags"] == [] for r in rows), rows
 
 
 @pytest.mark.timeout(E2E_TIMEOUT)

@@ -172,6 +172,7 @@ LAYERS = {
     "reports": 1,
     "targets": 1,
     "slurm": 1,
+    "watch_cmd": 1,
     "spec": 2,
     "launch": 2,
     "check": 2,
