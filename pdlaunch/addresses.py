@@ -30,6 +30,9 @@ import socket
 from functools import lru_cache
 from ipaddress import ip_address
 
+# The pure functions below are cached: the rules and the plan ask about the same few hundred
+# hosts tens of thousands of times on a large topology (benchmarks/bench_spine.py).
+
 #: The spellings (after `canonical_host`) that mean "this machine, no SSH".
 LOCAL_ADDRESSES = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -65,6 +68,7 @@ def is_loopback(host: str) -> bool:
         return legacy is not None and legacy[0] == 127
 
 
+@lru_cache(maxsize=4096)
 def canonical_host(host: str) -> str:
     """One spelling per host: DNS names are case-insensitive and a trailing dot names the
     same host; an IPv6 address has one compressed form."""
@@ -75,6 +79,7 @@ def canonical_host(host: str) -> str:
         return host
 
 
+@lru_cache(maxsize=4096)
 def _address(host: str) -> str:
     """`canonical_host`, with legacy IPv4 spellings ("127.1") as the dotted quad they mean."""
     canonical = canonical_host(host)
@@ -101,6 +106,7 @@ def same_address(a: str, b: str) -> bool:
     return address_key(a) == address_key(b)
 
 
+@lru_cache(maxsize=4096)
 def is_unspecified(host: str) -> bool:
     """0.0.0.0 / :: (in any spelling: "0", "0x0") mean "every address" to bind(); nobody can
     dial them."""
@@ -115,6 +121,7 @@ def is_local_control_host(host: str) -> bool:
     return _address(host) in LOCAL_ADDRESSES
 
 
+@lru_cache(maxsize=4096)
 def _bind_ips(bind: str) -> frozenset[str] | None:
     """The addresses a bind to `bind` may take; None for a name only DNS could answer."""
     address = _address(bind)

@@ -86,20 +86,23 @@ def pair_paths(topo: Topology) -> list[kvpath.PairPath]:
     `validate` explains and `pdlaunch plan` shows."""
 
     def compute(t: Topology) -> list[kvpath.PairPath]:
-        out: dict[object, kvpath.PairPath] = {}
+        # Every pair's geometry is (prefill path, decode block, decode layout): pairing each
+        # distinct prefill path (at its first prefill) with each distinct decode geometry (at
+        # its first decode), in order of first appearance, names and orders the paths exactly
+        # as walking all P x D pairs would, in P + D steps instead of P x D.
+        paths: dict[kvpath.PrefillPath, tuple[int, Instance]] = {}
         for pi, p in enumerate(t.prefill):
-            path = prefill_kv(t, p)
-            for di, d in enumerate(t.decode):
-                key = (path, block_size(d), kv_layout(d))
-                if key not in out:
-                    out[key] = kvpath.choose_pair(
-                        instance_name("prefill", pi, p),
-                        instance_name("decode", di, d),
-                        path,
-                        block_size(d),
-                        kv_layout(d),
-                    )
-        return list(out.values())
+            paths.setdefault(prefill_kv(t, p), (pi, p))
+        geometries: dict[tuple[int, str], tuple[int, Instance]] = {}
+        for di, d in enumerate(t.decode):
+            geometries.setdefault((block_size(d), kv_layout(d)), (di, d))
+        return [
+            kvpath.choose_pair(
+                instance_name("prefill", pi, p), instance_name("decode", di, d), path, size, layout
+            )
+            for path, (pi, p) in paths.items()
+            for (size, layout), (di, d) in geometries.items()
+        ]
 
     return topo.derived("pair_paths", compute)
 

@@ -69,6 +69,16 @@ def _abort_timeout_release(topo: Topology, node: Node) -> bool:
 
 
 def derived_env(topo: Topology, node: Node) -> dict[str, EnvValue]:
+    """Every variable the plan sets on the node, with the key that decides it. Worked out
+    once per node (the plan, version-render and managed-env all ask); a fresh dict each call."""
+    cache = topo.derived("node_env", lambda _: {})
+    key = (node.role, node.index, node.node_index)
+    if key not in cache:
+        cache[key] = _derived_env(topo, node)
+    return dict(cache[key])
+
+
+def _derived_env(topo: Topology, node: Node) -> dict[str, EnvValue]:
     inst = node.instance
     dev = profile(inst.device)
     env: dict[str, EnvValue] = {}

@@ -189,7 +189,10 @@ def _nixl_reads(topo: Topology, node: Node, key: str) -> bool:
 def mixed_releases(topo: Topology) -> bool:
     """P and D instances declare different vLLM releases (the NIXL compatibility hash covers
     vLLM's version: vllm/distributed/kv_transfer/kv_connector/v1/nixl/metadata.py:185)."""
-    return len({topo.vllm_version_of(inst) for _, _, inst in topo.instances()}) > 1
+    return topo.derived(
+        "mixed_releases",
+        lambda t: len({t.vllm_version_of(inst) for _, _, inst in t.instances()}) > 1,
+    )
 
 
 def kv_transfer_config(topo: Topology, node: Node) -> dict[str, Any]:

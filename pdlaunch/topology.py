@@ -367,9 +367,13 @@ class Topology(Strict):
     _derived: dict = PrivateAttr(default_factory=dict)
 
     def derived(self, key: str, compute: Callable[[Topology], Any]) -> Any:
-        if key not in self._derived:
-            self._derived[key] = compute(self)
-        return self._derived[key]
+        # __pydantic_private__ (pydantic's documented store of private attributes) rather
+        # than self._derived: pydantic's __getattr__ costs microseconds per private read, and
+        # the rules and the plan ask tens of thousands of times on a large topology.
+        cache = self.__pydantic_private__["_derived"]
+        if key not in cache:
+            cache[key] = compute(self)
+        return cache[key]
 
     @field_validator("hosts")
     @classmethod
@@ -402,6 +406,8 @@ class Topology(Strict):
         what a finding about a host setting points at."""
         if host in self.hosts:
             return host
+        if not self.hosts:
+            return None
         key = address_key(host)
         return next((h for h in self.hosts if address_key(h) == key), None)
 
@@ -413,10 +419,16 @@ class Topology(Strict):
         """The vLLM release an instance runs: its own, else the model's."""
         return inst.vllm_version or self.model.vllm_version
 
-    def instances(self) -> list[tuple[Role, int, Instance]]:
-        return [("prefill", i, x) for i, x in enumerate(self.prefill)] + [
-            ("decode", i, x) for i, x in enumerate(self.decode)
-        ]
+    def instances(self) -> tuple[tuple[Role, int, Instance], ...]:
+        """Every instance, prefill first. Built once (the rules walk it hundreds of times on
+        a large topology); a tuple, so no caller can change what the next one sees."""
+        return self.derived(
+            "instances",
+            lambda t: tuple(
+                [("prefill", i, x) for i, x in enumerate(t.prefill)]
+                + [("decode", i, x) for i, x in enumerate(t.decode)]
+            ),
+        )
 
 
 def instance_name(role: Role, index: int, inst: Instance) -> str:

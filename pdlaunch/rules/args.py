@@ -111,6 +111,17 @@ def _scanned(topo: Topology) -> Iterator[tuple[FieldPath, list[str], facts.Facts
         yield ("router", "extra_args"), topo.router.extra_args, facts.router(), False
 
 
+def _scan(topo: Topology, words: list[str], fx: facts.Facts) -> tuple[list[facts.Arg], list[int]]:
+    """`facts.scan`, once per distinct parser and words (a pure function of both): six rules
+    scan every instance's extra_args, and on a large topology most instances share them."""
+    cache = topo.derived("extra_args_scans", lambda _: {})
+    key = (fx.tool, fx.version, tuple(words))
+    if key not in cache:
+        cache[key] = facts.scan(words, fx)
+    args, positionals = cache[key]
+    return list(args), list(positionals)
+
+
 @rule("vllm-version", "the topology names a vLLM series pdlaunch has facts for", GENERATOR)
 def vllm_version(topo: Topology) -> Iterator[Finding]:
     declared: list[tuple[FieldPath, str]] = [(("model", "vllm_version"), topo.model.vllm_version)]
@@ -138,7 +149,7 @@ def vllm_version(topo: Topology) -> Iterator[Finding]:
 def managed_flags(topo: Topology) -> Iterator[Finding]:
     for path, words, fx, is_vllm in _scanned(topo):
         managed = MANAGED_VLLM if is_vllm else MANAGED_ROUTER
-        for arg in facts.scan(words, fx)[0]:
+        for arg in _scan(topo, words, fx)[0]:
             if arg.dest in managed:
                 canonical = arg.flag.options[0] if arg.flag and arg.flag.options else arg.dest
                 same = "" if arg.spelling == canonical else f" (read by {fx.tool} as {canonical})"
@@ -175,7 +186,7 @@ def _unknown_message(arg: facts.Arg, fx: facts.Facts) -> tuple[str, str]:
 @rule("unknown-flag", "every flag in extra_args is one the targeted parser knows", GENERATOR)
 def unknown_flags(topo: Topology) -> Iterator[Finding]:
     for path, words, fx, _ in _scanned(topo):
-        args, positionals = facts.scan(words, fx)
+        args, positionals = _scan(topo, words, fx)
         for arg in args:
             if arg.flag is None:
                 message, fix = _unknown_message(arg, fx)
@@ -218,7 +229,7 @@ def config_keys(topo: Topology) -> Iterator[Finding]:
     for path, words, fx, is_vllm in _scanned(topo):
         if not is_vllm:
             continue
-        for arg in facts.scan(words, fx)[0]:
+        for arg in _scan(topo, words, fx)[0]:
             cfg = fx.json_config(arg.dest) if arg.flag and arg.flag.json else None
             if cfg is None:
                 continue
@@ -241,7 +252,7 @@ def config_keys(topo: Topology) -> Iterator[Finding]:
 @rule("flag-value", "flags that need a value get one from their choices", GENERATOR)
 def flag_values(topo: Topology) -> Iterator[Finding]:
     for path, words, fx, _ in _scanned(topo):
-        for arg in facts.scan(words, fx)[0]:
+        for arg in _scan(topo, words, fx)[0]:
             flag = arg.flag
             if flag is None:
                 continue
@@ -275,7 +286,7 @@ def flag_override(topo: Topology) -> Iterator[Finding]:
     for _, words, vf in _user_argvs(topo):
         if vf is None:
             continue
-        args, _ = facts.scan([w for _, w in words], vf)
+        args, _ = _scan(topo, [w for _, w in words], vf)
         for lost, winner in facts.overrides(args):
             lost_path, win_path = words[lost.index][0], words[winner.index][0]
             if (lost_path, win_path) in seen:
@@ -308,7 +319,7 @@ def pipeline_parallel(topo: Topology) -> Iterator[Finding]:
     for path, words, vf, is_vllm in _scanned(topo):
         if not is_vllm:
             continue
-        for arg in facts.scan(words, vf)[0]:
+        for arg in _scan(topo, words, vf)[0]:
             if (path, arg.index) in reported:
                 continue
             reported.add((path, arg.index))
@@ -386,6 +397,8 @@ def _env_scopes(topo: Topology) -> Iterator[tuple[FieldPath, dict[str, str], lis
 @rule("managed-env", "env must not set variables pdlaunch derives", "pdlaunch plan (nodeenv.py)")
 def managed_env_rule(topo: Topology) -> Iterator[Finding]:
     for path, env, nodes in _env_scopes(topo):
+        if not env:
+            continue
         reported: set[str] = set()
         for node in nodes:
             managed = managed_env(topo, node)
