@@ -412,11 +412,16 @@ def test_canary_names_the_pair_whose_transfer_fails(dep: Deployment, monkeypatch
     state.deployment += "-fakepair"
     prefill = state.process("prefill-0")
     assert prefill is not None
-    fake_rec = ProcessState(**{**vars(prefill), "name": "prefill-1", "pid": None,
-                               "start_time": None, "started_at": None, "log_path": str(log),
+    start_time = int(Path(f"/proc/{fake.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    fake_rec = ProcessState(**{**vars(prefill), "name": "prefill-1", "pid": fake.pid,
+                               "start_time": start_time, "started_at": time.time(),
+                               "log_path": str(log),
                                "health_url": f"http://127.0.0.1:{base}/health",
                                "ports": [base]})  # fmt: skip
     state.processes.insert(state.processes.index(prefill) + 1, fake_rec)
+    for rec in state.processes:  # a record's own paths live in its deployment's work dir
+        rec.work_dir = str(Path(rec.work_dir).with_name(state.deployment))
+        rec.secrets_path = f"{rec.work_dir}/run/{rec.name}.secrets.env"
     try:
         deadline = time.monotonic() + 30
         while not probe(f"http://127.0.0.1:{base}/health", timeout=2).ok:
@@ -486,6 +491,13 @@ def test_down_leaves_no_process(dep: Deployment) -> None:
     assert doc.returncode == 1, f"{doc.stdout}\n{doc.stderr}"
     found = [f for f in json.loads(doc.stdout)["findings"] if f["id"] == "process-partly-dead"]
     assert [(f["process"], f["severity"]) for f in found] == [("decode-0", "error")], found
+    # The canary names the pair that lost its decode, with the same doctor finding.
+    res = run([*PDLAUNCH, "canary", str(dep.topology), "--json", "--timeout", "30"], dep.env, 300)
+    assert res.returncode == 1, f"{res.returncode}\n{res.stdout}\n{res.stderr}"
+    (pair,) = json.loads(res.stdout)["pairs"]
+    assert pair["pair"] == "prefill-0 → decode-0" and not pair["ok"], pair
+    assert "decode-0" in pair["message"], pair
+    assert any(f.startswith("process-partly-dead on decode-0") for f in pair["findings"]), pair
 
     t = time.monotonic()
     res = run([*PDLAUNCH, "down", str(dep.topology)], dep.env, 180)

@@ -132,7 +132,9 @@ class Engine:
                 out_kv = {
                     "do_remote_prefill": True,
                     "do_remote_decode": False,
-                    "remote_block_ids": blocks,
+                    # one list per KV cache group, as vLLM 0.32 returns them (a real decode
+                    # handed a flat list fails in its own failure logging and never answers)
+                    "remote_block_ids": [blocks],
                     "remote_engine_id": f"fake-{self.port}",
                     "remote_request_id": f"cmpl-fake-{self.requests}",
                     "remote_host": self.host,
