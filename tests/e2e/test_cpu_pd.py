@@ -390,8 +390,8 @@ def test_canary_names_the_pair_whose_transfer_fails(dep: Deployment, monkeypatch
     """One pair of the running decode whose KV transfer fails for real: beside the real
     prefill, a second "prefill" (tests/launch/fake_vllm.py, no engine: no CPU to speak of)
     hands out kv_transfer_params whose NIXL side channel is a port nothing listens on. The
-    real decode's handshake with it times out (5 s, vllm nixl/base_worker.py) and vLLM
-    recomputes the prompt. The deployment's record, copied under another name with that
+    real decode's handshake with it times out (5 s, vllm nixl/base_worker.py) and the load
+    fails. The deployment's record, copied under another name with that
     prefill added, is what `pdlaunch canary` reads: it must name that pair, find the real
     pair ok, and give decode's doctor finding."""
     from pdlaunch.load import load
@@ -442,8 +442,11 @@ def test_canary_names_the_pair_whose_transfer_fails(dep: Deployment, monkeypatch
     assert pairs["prefill-0 → decode-0"]["ok"], pairs
     broken = pairs["prefill-1 → decode-0"]
     assert not broken["ok"], broken
-    assert "the KV did not move" in broken["message"], broken
-    assert broken["decode_external_kv_transfer_tokens"] == 0, broken
+    # The load failed: decode recomputes the prompt (kv_load_failure_policy "recompute": the
+    # counters say so) or fails the request (seen here with vLLM 0.32: HTTP 500, doctor's
+    # kv-load-failed); either way no KV moved, and the doctor says why.
+    assert "the KV did not move" in broken["message"] or "HTTP 500" in broken["message"], broken
+    assert broken["decode_external_kv_transfer_tokens"] in (0, None), broken
     assert any(f.startswith("nixl-handshake") for f in broken["findings"]), broken
     assert data["router"] is None  # not tried past a failed pair
 
