@@ -26,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from itertools import cycle
 from threading import Lock
 
+from pdlaunch.canary import prefill_body
+
 
 def _post(url: str, body: dict, timeout: float):
     req = urllib.request.Request(
@@ -66,22 +68,9 @@ def direct(
     prefill: str, decode: str, model: str, prompt: list[int], out_len: int, timeout: float
 ) -> float:
     t0 = time.perf_counter()
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": 1,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": False,
-        "kv_transfer_params": {
-            "do_remote_decode": True,
-            "do_remote_prefill": False,
-            "remote_engine_id": None,
-            "remote_block_ids": None,
-            "remote_host": None,
-            "remote_port": None,
-        },
-    }
+    # What the router sends prefill (max_tokens 1, do_remote_decode): the same request the
+    # per-pair canary makes (pdlaunch/canary.py).
+    body = prefill_body({"model": model, "prompt": prompt, "temperature": 0, "ignore_eos": True})
     with _post(f"{prefill}/v1/completions", body, timeout) as resp:
         params = json.loads(resp.read())["kv_transfer_params"]
     body = {

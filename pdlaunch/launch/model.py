@@ -76,7 +76,9 @@ class Reporter:
 @dataclass
 class UpOptions:
     timeout: float = 600.0
-    canary: bool = True
+    # True/"all": every prefill -> decode pair, then the router; "router": the router
+    # only; False/"off": none (launch/canary.py).
+    canary: bool | str = True
     replace: bool = False
     connect: ConnectOptions = field(default_factory=ConnectOptions)
     stop_grace: float = 10.0

@@ -2,7 +2,8 @@
 
 render -> survey what the record (or the pid files) says runs -> adopt / refuse / replace ->
 connect every host (parallel) -> private work dirs, scripts, secret env files (parallel) ->
-start prefill and decode everywhere (parallel) -> wait for health -> router -> canary ->
+start prefill and decode everywhere (parallel) -> wait for health -> router -> canary
+(every prefill -> decode pair, then through the router: launch/canary.py) ->
 record. A pid is in the state file before the start of the next process; any failure, or
 SIGINT/SIGTERM/SIGHUP, stops everything this run holds, router first, then decode, then
 prefill, and a second signal during that says truthfully what still runs.
@@ -35,6 +36,7 @@ from pdlaunch.state import (
 )
 
 from . import readiness
+from .canary import run_canary
 from .model import Failure, Interrupted, LaunchError, Reporter, UpOptions, UpResult, View
 from .records import (
     describe_changes,
@@ -53,18 +55,6 @@ from .stopping import stop_processes
 
 ALIVE_EVERY = 1.0  # s between liveness checks (one command on the host) while not healthy
 COMMAND_TIMEOUT = 60.0  # upper bound of one host command during `up`, within --timeout
-
-
-def _max_prefill_block(plan: Plan) -> int:
-    """The largest --block-size a prefill runs (0 if none is set): the canary's prompt spans
-    more than two of them, so a re-blocked page and its sub-pages are all read back."""
-    sizes = [0]
-    for p in plan.by_role("prefill"):
-        argv = list(p.argv)
-        if "--block-size" in argv and argv.index("--block-size") + 1 < len(argv):
-            with contextlib.suppress(ValueError):
-                sizes.append(int(argv[argv.index("--block-size") + 1]))
-    return max(sizes)
 
 
 # -- the deployment under way ---------------------------------------------------------------------
@@ -536,35 +526,7 @@ def _up_steps(
     run.wait_healthy(router, opts.poll_interval)
     healthy_s = time.monotonic() - t0
 
-    canary = None
-    if opts.canary:
-        reporter.step("canary request through the router")
-        canary = health.canary(
-            plan.endpoint(),
-            plan.served_model_name,
-            [p.health_url for p in plan.by_role("prefill") if p.health_url],
-            [p.health_url for p in plan.by_role("decode") if p.health_url],
-            timeout=min(opts.canary_timeout, max(5.0, run.deadline - time.monotonic())),
-            reference_health=[p.health_url for p in plan.by_role("prefill") if p.health_url],
-            min_prompt_tokens=2 * _max_prefill_block(plan) + 1,
-        )
-        if not canary.ok:
-            r = plan.router
-            host = proc_host(run.pool, r)
-            fails = [
-                Failure("router", r.host, canary.message, r.log_path, log_tail(host, r.log_path))
-            ]
-            for d in plan.by_role("decode")[:1]:
-                fails.append(
-                    Failure(
-                        d.name,
-                        d.host,
-                        "decode log",
-                        d.log_path,
-                        log_tail(proc_host(run.pool, d), d.log_path),
-                    )
-                )
-            raise LaunchError(f"canary failed: {canary.message}", fails)
+    canary = run_canary(plan, run.state, run.pool, reporter, opts, run.deadline)
 
     run.state.status = "up"
     run.save()

@@ -26,6 +26,8 @@ import itertools
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -53,6 +55,7 @@ from tests.e2e_support import (
 from tests.engine_support import (
     LOCAL_CPU,
     PDLAUNCH,
+    REPO,
     engine_env,
     free_port_block,
     log_digest,
@@ -68,6 +71,7 @@ UP_TIMEOUT = 900
 # pytest-timeout (pyproject: 900 s a test) counts fixture setup too: the module fixture starts
 # a plain instance and a whole deployment.
 E2E_TIMEOUT = 1200
+FAKE_VLLM = REPO / "tests" / "launch" / "fake_vllm.py"
 
 PROMPTS = CPU_PD_PROMPTS
 CONTROL_PROMPT = PROMPTS[CPU_PD_PROMPT_LENS.index(200)]  # 7 blocks of 32: room to tamper with
@@ -222,6 +226,10 @@ def test_up_passed_canary(dep: Deployment) -> None:
     dep.numbers["up_healthy_s"] = dep.up_json.get("healthy_s")
     assert canary["ok"]
     assert canary["decode_external_kv_transfer_tokens"] > 0
+    # every prefill -> decode pair, sent directly (pdlaunch/canary.py), before the router
+    (pair,) = canary["pairs"]
+    assert pair["pair"] == "prefill-0 → decode-0" and pair["ok"], pair
+    assert pair["decode_external_kv_transfer_tokens"] >= pair["prompt_tokens"] - 1, pair
 
 
 @pytest.mark.e2e
@@ -357,6 +365,92 @@ def test_bench_through_router(dep: Deployment) -> None:
     dep.check_prefill_log(mark)
 
 
+@pytest.mark.e2e
+@pytest.mark.timeout(E2E_TIMEOUT)
+def test_canary_command_proves_every_pair(dep: Deployment) -> None:
+    mark = dep.check_prefill_log()
+    t = time.monotonic()
+    res = run([*PDLAUNCH, "canary", str(dep.topology), "--json"], dep.env, 900)
+    dep.timings["canary_s"] = round(time.monotonic() - t, 1)
+    assert res.returncode == 0, f"canary failed ({res.returncode}):\n{res.stdout}\n{res.stderr}"
+    data = json.loads(res.stdout)
+    dep.numbers["canary_command"] = data
+    (pair,) = data["pairs"]
+    assert pair["pair"] == "prefill-0 → decode-0" and pair["ok"], pair
+    # decode's own counters: the prompt arrived over NIXL, none of it computed there
+    assert pair["decode_external_kv_transfer_tokens"] >= pair["prompt_tokens"] - 1, pair
+    assert pair["decode_local_compute_tokens"] <= 1, pair
+    assert data["router"]["ok"], data["router"]
+    dep.check_prefill_log(mark)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(E2E_TIMEOUT)
+def test_canary_names_the_pair_whose_transfer_fails(dep: Deployment, monkeypatch) -> None:
+    """One pair of the running decode whose KV transfer fails for real: beside the real
+    prefill, a second "prefill" (tests/launch/fake_vllm.py, no engine: no CPU to speak of)
+    hands out kv_transfer_params whose NIXL side channel is a port nothing listens on. The
+    real decode's handshake with it times out (5 s, vllm nixl/base_worker.py) and the load
+    fails. The deployment's record, copied under another name with that
+    prefill added, is what `pdlaunch canary` reads: it must name that pair, find the real
+    pair ok, and give decode's doctor finding."""
+    from pdlaunch.load import load
+    from pdlaunch.state import ProcessState, load_state, remove_state, save_state
+
+    monkeypatch.setenv("PDLAUNCH_STATE_DIR", dep.env["PDLAUNCH_STATE_DIR"])
+    base = free_port_block(2)  # base: the fake prefill's HTTP; base + 1: nobody
+    log = dep.root / "fake-prefill.log"
+    fake_env = {**dep.env, "FAKE_VLLM_SIDE_CHANNEL_PORT": str(base + 1)}
+    argv = [sys.executable, str(FAKE_VLLM), "serve", "tiny", "--host", "127.0.0.1",
+            "--port", str(base)]  # fmt: skip
+    with log.open("wb") as out:
+        fake = subprocess.Popen(
+            argv, env=fake_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    state = load_state(load(dep.topology)[0].deployment)
+    assert state is not None
+    state.deployment += "-fakepair"
+    prefill = state.process("prefill-0")
+    assert prefill is not None
+    start_time = int(Path(f"/proc/{fake.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    fake_rec = ProcessState(**{**vars(prefill), "name": "prefill-1", "pid": fake.pid,
+                               "start_time": start_time, "started_at": time.time(),
+                               "log_path": str(log),
+                               "health_url": f"http://127.0.0.1:{base}/health",
+                               "ports": [base]})  # fmt: skip
+    state.processes.insert(state.processes.index(prefill) + 1, fake_rec)
+    for rec in state.processes:  # a record's own paths live in its deployment's work dir
+        rec.work_dir = str(Path(rec.work_dir).with_name(state.deployment))
+        rec.secrets_path = f"{rec.work_dir}/run/{rec.name}.secrets.env"
+    try:
+        deadline = time.monotonic() + 30
+        while not probe(f"http://127.0.0.1:{base}/health", timeout=2).ok:
+            assert fake.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        save_state(state)
+        t = time.monotonic()
+        res = run([*PDLAUNCH, "canary", state.deployment, "--json"], dep.env, 900)
+        dep.timings["canary_broken_pair_s"] = round(time.monotonic() - t, 1)
+    finally:
+        remove_state(state.deployment)  # the copy names the real engines' pids: never `down` it
+        os.killpg(fake.pid, signal.SIGTERM)
+        fake.wait(10)
+    assert res.returncode == 1, f"{res.returncode}\n{res.stdout}\n{res.stderr}"
+    data = json.loads(res.stdout)
+    dep.numbers["canary_broken_pair"] = data
+    pairs = {p["pair"]: p for p in data["pairs"]}
+    assert pairs["prefill-0 → decode-0"]["ok"], pairs
+    broken = pairs["prefill-1 → decode-0"]
+    assert not broken["ok"], broken
+    # The load failed: decode recomputes the prompt (kv_load_failure_policy "recompute": the
+    # counters say so) or fails the request (seen here with vLLM 0.32: HTTP 500, doctor's
+    # kv-load-failed); either way no KV moved, and the doctor says why.
+    assert "the KV did not move" in broken["message"] or "HTTP 500" in broken["message"], broken
+    assert broken["decode_external_kv_transfer_tokens"] in (0, None), broken
+    assert any(f.startswith("nixl-handshake") for f in broken["findings"]), broken
+    assert data["router"] is None  # not tried past a failed pair
+
+
 def _group(pgid: int) -> list[int]:
     """Live members of process group ``pgid``, read from /proc (not through pdlaunch)."""
     out = []
@@ -400,6 +494,13 @@ def test_down_leaves_no_process(dep: Deployment) -> None:
     assert doc.returncode == 1, f"{doc.stdout}\n{doc.stderr}"
     found = [f for f in json.loads(doc.stdout)["findings"] if f["id"] == "process-partly-dead"]
     assert [(f["process"], f["severity"]) for f in found] == [("decode-0", "error")], found
+    # The canary names the pair that lost its decode, with the same doctor finding.
+    res = run([*PDLAUNCH, "canary", str(dep.topology), "--json", "--timeout", "30"], dep.env, 300)
+    assert res.returncode == 1, f"{res.returncode}\n{res.stdout}\n{res.stderr}"
+    (pair,) = json.loads(res.stdout)["pairs"]
+    assert pair["pair"] == "prefill-0 → decode-0" and not pair["ok"], pair
+    assert "decode-0" in pair["message"], pair
+    assert any(f.startswith("process-partly-dead on decode-0") for f in pair["findings"]), pair
 
     t = time.monotonic()
     res = run([*PDLAUNCH, "down", str(dep.topology)], dep.env, 180)

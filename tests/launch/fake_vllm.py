@@ -25,6 +25,9 @@ Behaviour is set by environment variables (topologies set them per instance via 
                         | ``corrupt_kv`` (load remote KV, but answer what garbage KV would
                         give: HTTP 200, disaggregated counters, wrong tokens)
 ``FAKE_VLLM_DELAY``     seconds to wait before listening (default 0)
+``FAKE_VLLM_SIDE_CHANNEL_PORT``  the ``remote_port`` a prefill hands out (default: its HTTP
+                        port); a port nothing listens on makes a real decode's NIXL
+                        handshake with it fail (tests/e2e/test_cpu_pd.py)
 ``FAKE_VLLM_REQUIRE_ENV``  comma-separated variable names that must be set (exit 4 otherwise);
                         only the names are ever printed, never the values
 ``FAKE_VLLM_CHILDREN``  start that many child processes (``sleep``) in the engine's process
@@ -129,10 +132,13 @@ class Engine:
                 out_kv = {
                     "do_remote_prefill": True,
                     "do_remote_decode": False,
-                    "remote_block_ids": blocks,
+                    # one list per KV cache group, as vLLM 0.32 returns them (a real decode
+                    # handed a flat list fails in its own failure logging and never answers)
+                    "remote_block_ids": [blocks],
                     "remote_engine_id": f"fake-{self.port}",
+                    "remote_request_id": f"cmpl-fake-{self.requests}",
                     "remote_host": self.host,
-                    "remote_port": self.port,
+                    "remote_port": int(os.environ.get("FAKE_VLLM_SIDE_CHANNEL_PORT") or self.port),
                     "tp_size": 1,
                 }
                 max_tokens = 1

@@ -189,9 +189,11 @@ def test_canary_catches_disaggregated_serving_that_answers_wrong(make_deployment
     dep = make_deployment("corrupt", decode_env={"FAKE_VLLM_MODE": "corrupt_kv"})
     res = cli("up", dep.path, "--timeout", "120")
     assert res.exit_code == 1, res.output
-    assert "disaggregated but WRONG" in res.output
-    assert "' garbage garbage garbage garbage'" in res.output  # through the router
-    assert "' tok tok tok tok'" in res.output  # prefill alone
+    # The pair's own direct request catches it, before the router's (pdlaunch/canary.py).
+    assert "prefill-0 → decode-0: " in res.output
+    assert "decode read KV it cannot use correctly" in res.output
+    assert "' garbage garbage garbage garbage garbage garbage garbage garbage'" in res.output
+    assert "prefill alone answers ' tok tok tok tok tok tok tok tok'" in res.output
     assert "rolled back" in res.output
     assert wait_no_procs(dep.work_root) == []
     # the same deployment with a decode that reads its KV right passes

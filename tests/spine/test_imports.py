@@ -179,6 +179,7 @@ LAYERS = {
     "bench": 2,
     "doctor": 2,
     "export": 2,
+    "canary": 2,
     "__init__": 3,
     "__main__": 4,
 }

@@ -1,0 +1,372 @@
+"""The canary over every prefill -> decode pair: each pair gets one request sent directly, as
+the router would send it, and is proven on its own.
+
+One request through the router (:func:`pdlaunch.health.canary`) proves one path, the one the
+router picked; a broken pair (a decode that cannot reach one prefill's NIXL side channel, a
+prefill whose KV layout one decode misreads) only hurts the requests routed through it. So for
+each (prefill, decode):
+
+1. POST the prompt to the prefill with ``kv_transfer_params: {"do_remote_decode": true}`` and
+   ``max_tokens: 1`` (what vllm-router and vLLM's toy proxy send; see :data:`REMOTE_DECODE`);
+   its answer carries the ``kv_transfer_params`` (block ids, engine id, side channel) that
+2. POST to the decode with the same prompt: decode pulls the KV over the connector and
+   generates greedily;
+3. read the decode's own ``/metrics`` before and after: ``prompt_tokens_by_source_total``
+   must show the prompt loaded (``external_kv_transfer`` >= prompt - 1: vLLM may recompute the
+   last token) and not computed there, and no NIXL transfer may have failed (vLLM falls back
+   to recompute on a failed load, ``kv_load_failure_policy``: the answer is right and the pair
+   is not disaggregated);
+4. the same greedy request to the prefill alone must give the same text (KV that arrives in
+   the wrong layout decodes into fluent garbage with HTTP 200).
+
+Counters are per engine, so the pairs of one decode run one after the other; different
+decodes' counters are disjoint and their pairs may run in parallel. Another request finishing
+on the decode meanwhile makes its counters unattributable: the pair is retried with a fresh
+prompt, and reported as unproven if that keeps happening.
+
+The request/verdict logic is here and I/O-light (HTTP through :mod:`pdlaunch.health`); which
+engines to pair, and which doctor findings explain a failure, the callers decide
+(``pdlaunch.launch.canary`` for ``up``, ``pdlaunch.cli.canary`` for ``pdlaunch canary``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pdlaunch.health import (
+    CanaryResult,
+    base_url,
+    canary_prompt,
+    completion_text,
+    get_text,
+    post_json,
+)
+from pdlaunch.watch import Counters
+
+ARROW = "→"
+MAX_TOKENS = 8  # greedy tokens compared with prefill alone
+ATTEMPTS = 3  # tries of a pair whose decode served other requests meanwhile
+
+# What a router sends prefill for a remotely decoded request (vllm-router 0.1.17, vLLM's
+# examples/online_serving/disaggregated_serving/toy_proxy_server.py): prefill computes the
+# prompt, keeps its KV for decode to pull, and answers with the kv_transfer_params to pass on.
+REMOTE_DECODE: dict[str, Any] = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+
+def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` as the prefill half of a direct PD request: one token, not streamed."""
+    return {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": dict(REMOTE_DECODE)}
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    url: str  # base URL: http://host:port
+
+
+class _HasHealth(Protocol):
+    name: str
+    role: str
+    health_url: str | None
+
+
+def engines(processes: Iterable[_HasHealth], role: str) -> list[Engine]:
+    """The engines of ``role`` that serve HTTP (plan processes or recorded ones)."""
+    return [
+        Engine(p.name, base_url(p.health_url)) for p in processes if p.role == role and p.health_url
+    ]
+
+
+def pair_name(prefill: str, decode: str) -> str:
+    return f"{prefill} {ARROW} {decode}"
+
+
+@dataclass
+class PairResult:
+    prefill: str
+    decode: str
+    ok: bool
+    message: str
+    latency_s: float | None = None
+    prompt_tokens: int | None = None
+    delta: Counters | None = None
+    attempts: int = 1
+    findings: list[str] = field(default_factory=list)  # doctor's, for a failed pair
+
+    @property
+    def pair(self) -> str:
+        return pair_name(self.prefill, self.decode)
+
+    def describe(self) -> str:
+        text = f"{self.pair}: {self.message}"
+        if self.findings:
+            text += " (doctor: " + "; ".join(self.findings) + ")"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.delta
+        return {
+            "pair": self.pair,
+            "prefill": self.prefill,
+            "decode": self.decode,
+            "ok": self.ok,
+            "message": self.message,
+            "latency_s": self.latency_s,
+            "prompt_tokens": self.prompt_tokens,
+            "decode_external_kv_transfer_tokens": None if d is None else d.external,
+            "decode_local_compute_tokens": None if d is None else d.local,
+            "decode_failed_transfers": None if d is None else d.failed,
+            "attempts": self.attempts,
+            "findings": list(self.findings),
+        }
+
+
+# -- the verdict (pure) ---------------------------------------------------------------------------
+BUSY = "busy"
+
+
+def judge(
+    prompt_tokens: int | None, delta: Counters, pd_text: str, alone_text: str
+) -> tuple[bool | None, str]:
+    """A pair's verdict from its decode's counter deltas and the two answers: (True, what was
+    proven), (False, what is wrong), or (None, why the counters cannot be attributed)."""
+    if min(delta.requests, delta.local, delta.external, delta.failed) < 0:
+        return False, "decode's counters went back during the canary: it restarted"
+    if not isinstance(prompt_tokens, int) or prompt_tokens <= 0:
+        return False, "decode's answer does not say how many prompt tokens it read (usage)"
+    if delta.requests > 1 or delta.local + delta.external > prompt_tokens:
+        return None, (
+            f"decode finished {delta.requests:g} request(s) and read "
+            f"{delta.local + delta.external:g} prompt tokens for a {prompt_tokens}-token "
+            "canary: other requests ran on it meanwhile"
+        )
+    wrong = []
+    if delta.external <= 0:
+        wrong.append(
+            f"the KV did not move: decode loaded no prompt token over the KV connector and "
+            f"computed {delta.local:g} of {prompt_tokens} itself (a failed or skipped transfer "
+            "is recomputed by vLLM)"
+        )
+    elif delta.external < prompt_tokens - 1:
+        wrong.append(
+            f"decode loaded only {delta.external:g} of {prompt_tokens} prompt tokens over the "
+            f"KV connector and computed {delta.local:g} itself: some of prefill's KV blocks "
+            "were not transferred"
+        )
+    elif delta.local > 1:
+        wrong.append(f"decode recomputed {delta.local:g} prompt tokens")
+    if delta.failed > 0:
+        wrong.append(f"{delta.failed:g} NIXL transfer(s) or notification(s) failed on decode")
+    if pd_text != alone_text:
+        wrong.append(
+            f"answered {pd_text!r}, prefill alone answers {alone_text!r}: decode read KV it "
+            "cannot use correctly (layout, block size or dtype mismatch; see `pdlaunch "
+            "validate` and the decode log)"
+        )
+    if wrong:
+        return False, "; ".join(wrong)
+    return True, (
+        f"KV moved ({delta.external:g} of {prompt_tokens} prompt tokens loaded over the "
+        "connector) and the answer equals prefill alone"
+    )
+
+
+# -- one pair -------------------------------------------------------------------------------------
+class PairError(Exception):
+    """A request of the pair could not be made or was refused; the message names which."""
+
+
+def _post(url: str, body: dict[str, Any], timeout: float, what: str) -> dict[str, Any]:
+    try:
+        status, resp = post_json(url, body, timeout)
+    except OSError as exc:
+        # "canary request ... timed out": what tests/engine_support.py retries `up` on
+        raise PairError(f"canary request to {what} failed: {exc}") from None
+    if status != 200 or not isinstance(resp, dict) or completion_text(resp) is None:
+        raise PairError(f"canary request to {what} answered HTTP {status}: {str(resp)[:300]}")
+    return resp
+
+
+def _counters(engine: Engine, timeout: float) -> Counters:
+    try:
+        return Counters.parse(get_text(engine.url + "/metrics", timeout))
+    except OSError as exc:
+        raise PairError(f"cannot read {engine.name}'s /metrics: {exc}") from None
+
+
+def direct_pd(
+    prefill: Engine, decode: Engine, body: dict[str, Any], timeout: float
+) -> dict[str, Any]:
+    """One request through the pair, without the router: prefill with ``do_remote_decode``,
+    then decode with the ``kv_transfer_params`` prefill returned. Decode's answer."""
+    pre = _post(prefill.url + "/v1/completions", prefill_body(body), timeout, prefill.name)
+    params = pre.get("kv_transfer_params")
+    if not isinstance(params, dict) or not params.get("remote_block_ids"):
+        raise PairError(
+            f"{prefill.name} returned no kv_transfer_params with block ids ({params!r}): it "
+            "does not hand out KV (no KV connector, or not kv_producer/kv_both)"
+        )
+    return _post(
+        decode.url + "/v1/completions",
+        {**body, "kv_transfer_params": params},
+        timeout,
+        decode.name,
+    )
+
+
+def check_pair(
+    prefill: Engine,
+    decode: Engine,
+    model: str,
+    *,
+    timeout: float = 60.0,
+    settle: float = 5.0,
+    min_prompt_tokens: int = 0,
+    attempts: int = ATTEMPTS,
+) -> PairResult:
+    """Prove one pair (see the module docstring). Never raises for what an engine answers."""
+    for attempt in range(1, attempts + 1):
+        body = {
+            "model": model,
+            "prompt": canary_prompt(min_prompt_tokens),
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+        }
+        t0 = time.monotonic()
+        try:
+            before = _counters(decode, min(timeout, 30.0))
+            resp = direct_pd(prefill, decode, body, timeout)
+            latency = time.monotonic() - t0
+            usage = resp.get("usage")
+            prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+            delta = _settled(decode, before, prompt_tokens, timeout, settle)
+            alone = _post(prefill.url + "/v1/completions", body, timeout, f"{prefill.name} alone")
+        except PairError as exc:
+            return PairResult(prefill.name, decode.name, False, str(exc), attempts=attempt)
+        ok, message = judge(
+            prompt_tokens, delta, completion_text(resp) or "", completion_text(alone) or ""
+        )
+        result = PairResult(
+            prefill.name,
+            decode.name,
+            bool(ok),
+            message if ok is not None else f"not proven: {message}",
+            round(latency, 3),
+            prompt_tokens if isinstance(prompt_tokens, int) else None,
+            delta,
+            attempt,
+        )
+        if ok is not None:
+            return result
+    return result
+
+
+def _settled(
+    decode: Engine, before: Counters, prompt_tokens: object, timeout: float, settle: float
+) -> Counters:
+    """Decode's counter deltas once its stats for the request are in (vLLM may update them
+    just after answering): every prompt token accounted for, or ``settle`` s passed."""
+    deadline = time.monotonic() + settle
+    while True:
+        delta = _counters(decode, min(timeout, 30.0)) - before
+        done = isinstance(prompt_tokens, int) and delta.local + delta.external >= prompt_tokens
+        if done or time.monotonic() > deadline:
+            return delta
+        time.sleep(0.1)
+
+
+# -- every pair -----------------------------------------------------------------------------------
+def check_pairs(
+    prefills: Sequence[Engine],
+    decodes: Sequence[Engine],
+    model: str,
+    *,
+    timeout: float = 60.0,
+    settle: float = 5.0,
+    min_prompt_tokens: int = 0,
+    parallel: bool = True,
+    on_pair: Callable[[PairResult], None] | None = None,
+) -> list[PairResult]:
+    """Every (prefill, decode) pair, in prefill-major order within each decode. A decode's
+    pairs run in turn (its counters are per engine); with ``parallel``, the decodes run at
+    once. ``on_pair`` is called as each pair finishes (from the decode's thread)."""
+
+    def one_decode(decode: Engine) -> list[PairResult]:
+        out = []
+        for prefill in prefills:
+            r = check_pair(
+                prefill,
+                decode,
+                model,
+                timeout=timeout,
+                settle=settle,
+                min_prompt_tokens=min_prompt_tokens,
+            )
+            if on_pair is not None:
+                on_pair(r)
+            out.append(r)
+        return out
+
+    if not parallel or len(decodes) <= 1:
+        per_decode = [one_decode(d) for d in decodes]
+    else:
+        with ThreadPoolExecutor(max_workers=len(decodes)) as pool:
+            per_decode = list(pool.map(one_decode, decodes))
+    # Report in (prefill, decode) order, whatever order they ran in.
+    by_pair = {(r.prefill, r.decode): r for rs in per_decode for r in rs}
+    return [by_pair[(p.name, d.name)] for p in prefills for d in decodes]
+
+
+class _Finding(Protocol):
+    id: str
+    severity: str
+    process: str
+    what: str
+
+
+def attach_findings(results: Iterable[PairResult], findings: Sequence[_Finding]) -> None:
+    """Give each failed pair the doctor findings of its two engines that explain it: errors
+    (warnings where there is no error), decode's first."""
+    for r in results:
+        if r.ok:
+            continue
+        mine = [f for f in findings if f.process in (r.decode, r.prefill)]
+        errors = [f for f in mine if f.severity == "error"] or mine
+        errors.sort(key=lambda f: f.process != r.decode)
+        r.findings = [f"{f.id} on {f.process}: {f.what}" for f in errors[:3]]
+
+
+def summarize(pairs: Sequence[PairResult], router: CanaryResult | None) -> CanaryResult:
+    """One result for `up` and `pdlaunch canary`: the router check's details as before (so
+    their JSON keeps its fields), plus ``pairs``; the message names every failed pair."""
+    details: dict[str, object] = dict(router.details) if router is not None else {}
+    details["pairs"] = [r.to_dict() for r in pairs]
+    if router is not None:
+        details["router"] = {"ok": router.ok, "message": router.message}
+    bad = [r for r in pairs if not r.ok]
+    if bad:
+        message = f"{len(bad)} of {len(pairs)} prefill {ARROW} decode pair(s) failed: " + "; ".join(
+            r.describe() for r in bad
+        )
+        return CanaryResult(False, message, details)
+    parts = []
+    if pairs:
+        slowest = max((r.latency_s or 0.0) for r in pairs)
+        parts.append(
+            f"all {len(pairs)} prefill {ARROW} decode pair(s) moved their KV and answered as "
+            f"prefill alone (slowest {slowest:.2f}s)"
+        )
+    if router is not None:
+        parts.append(f"router: {router.message}")
+    return CanaryResult(router is None or router.ok, "; ".join(parts), details)
