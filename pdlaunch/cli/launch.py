@@ -199,8 +199,19 @@ def up_cmd(
     timeout: HealthTimeoutOpt = 600.0,
     canary: Annotated[
         bool,
-        typer.Option("--canary/--no-canary", help="Prove P/D serving with one request"),
+        typer.Option(
+            "--canary/--no-canary",
+            help="Prove P/D serving: every prefill→decode pair directly, then the router",
+        ),
     ] = True,
+    canary_scope: Annotated[
+        str,
+        typer.Option(
+            "--canary-scope",
+            help="all: every prefill→decode pair, then the router; router: one request "
+            "through the router only",
+        ),
+    ] = "all",
     replace: Annotated[
         bool, typer.Option("--replace", help="Stop a running, different deployment first")
     ] = False,
@@ -235,6 +246,8 @@ def up_cmd(
             bad_input("--replace does not apply to --backend slurm: `pdlaunch down` first")
         slurm_cli.up(topology, flags, timeout=timeout, canary=canary, as_json=as_json)
         return
+    if canary_scope not in ("all", "router"):
+        bad_input(f"--canary-scope {canary_scope!r}: expected all or router")
     # A running Slurm job of this deployment is the first thing to say (before rules the
     # SSH backend adds, e.g. side-channel-host for Slurm node names).
     slurm_cli.refuse_ssh_up(resolve_deployment(str(topology), as_json))
@@ -242,7 +255,7 @@ def up_cmd(
     connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
     opts = launch.UpOptions(
         timeout=timeout,
-        canary=canary,
+        canary=canary_scope if canary else "off",
         replace=replace,
         connect=connect,
         stop_grace=grace,

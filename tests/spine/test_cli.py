@@ -279,3 +279,10 @@ def test_export_k8s_writes_manifests_and_refuses_a_bad_topology(tmp_path):
     res = runner.invoke(app, ["export", "k8s", str(bad), "-o", str(tmp_path / "none")])
     assert res.exit_code != 0
     assert not (tmp_path / "none").exists()
+
+
+def test_up_canary_scope_other_than_all_or_router_is_exit_2_before_anything_runs():
+    res = run("up", str(ROOT / "topologies" / "local-cpu.yaml"), "--canary-scope", "pairs")
+    assert res.exit_code == 2, res.output
+    assert "--canary-scope 'pairs': expected all or router" in res.output
+    assert "Findings" not in res.output  # refused before the topology is validated
