@@ -11,6 +11,7 @@ from rich.table import Table
 
 from pdlaunch import doctor
 from pdlaunch.cli.app import EXIT_FAILED, app, failed, out, print_json
+from pdlaunch.cli.backend_options import check_recorded
 from pdlaunch.cli.options import (
     AcceptKeysOpt,
     JsonOpt,
@@ -19,7 +20,7 @@ from pdlaunch.cli.options import (
     TargetArg,
     connect_options,
 )
-from pdlaunch.cli.slurm import RecordedBackendOpt
+from pdlaunch.cli.slurm import RecordedBackendOpt, recorded_backend
 from pdlaunch.cli.targets import resolve_deployment
 from pdlaunch.hosts import HostPool
 from pdlaunch.record import SshHandle
@@ -27,6 +28,7 @@ from pdlaunch.record import SshHandle
 
 @app.command("doctor")
 def doctor_cmd(
+    ctx: typer.Context,
     target: TargetArg = None,
     bundle: Annotated[
         Path | None,
@@ -55,6 +57,8 @@ def doctor_cmd(
     happened, where, why, and how to fix it (a Slurm job: where Slurm placed it, its logs in
     the job's work dirs). Exit 1 when any error is found."""
     deployment = resolve_deployment(target, as_json)
+    which = recorded_backend(deployment, backend)
+    check_recorded(ctx, which.value, backend is not None, deployment)
     connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
     try:
         rec = doctor.find_record(deployment, backend.value if backend else None)

@@ -32,6 +32,7 @@ from pdlaunch.cli.app import (
     print_error,
     print_json,
 )
+from pdlaunch.cli.backend_options import check_chosen, check_recorded
 from pdlaunch.cli.options import (
     AcceptKeysOpt,
     HealthTimeoutOpt,
@@ -195,6 +196,7 @@ def _preflight(plan: Plan, connect: ConnectOptions, pool: HostPool, as_json: boo
 
 @app.command("up")
 def up_cmd(
+    ctx: typer.Context,
     topology: TopologyArg,
     timeout: HealthTimeoutOpt = 600.0,
     canary: Annotated[
@@ -241,9 +243,7 @@ def up_cmd(
     With --backend slurm: run the Slurm placement rules too, submit one batch job, wait for
     its processes' health, check one request, record the job."""
     flags = SlurmFlags.of(locals())
-    if slurm_cli.chosen(backend, flags):
-        if replace:
-            bad_input("--replace does not apply to --backend slurm: `pdlaunch down` first")
+    if check_chosen(ctx, backend.value if backend else None) == "slurm":
         slurm_cli.up(topology, flags, timeout=timeout, canary=canary, as_json=as_json)
         return
     if canary_scope not in ("all", "router"):
@@ -319,6 +319,7 @@ def up_cmd(
 
 @app.command("down")
 def down_cmd(
+    ctx: typer.Context,
     target: TargetArg = None,
     accept_new_host_keys: AcceptKeysOpt = False,
     known_hosts: KnownHostsOpt = None,
@@ -333,7 +334,9 @@ def down_cmd(
     their pid files (each confirmed by the log it writes) and stops those. A Slurm job is
     cancelled, and found gone with every process of it."""
     deployment = resolve_deployment(target, as_json)
-    if slurm_cli.recorded_backend(deployment, backend) is slurm_cli.Backend.slurm:
+    which = slurm_cli.recorded_backend(deployment, backend)
+    check_recorded(ctx, which.value, backend is not None, deployment)
+    if which is slurm_cli.Backend.slurm:
         slurm_cli.down(deployment, as_json)
         return
     connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
@@ -385,6 +388,7 @@ def _uptime(seconds: float | None) -> str:
 
 @app.command("status")
 def status_cmd(
+    ctx: typer.Context,
     target: TargetArg = None,
     accept_new_host_keys: AcceptKeysOpt = False,
     known_hosts: KnownHostsOpt = None,
@@ -412,6 +416,7 @@ def status_cmd(
     healthy (with --watch: unless every refresh found the deployment disaggregated)."""
     deployment = resolve_deployment(target, as_json)
     which = slurm_cli.recorded_backend(deployment, backend)
+    check_recorded(ctx, which.value, backend is not None, deployment)
     if watch:
         watch_cli.watch(deployment, which.value, interval, count, as_json)
         return
@@ -473,6 +478,7 @@ def status_cmd(
 
 @app.command("logs")
 def logs_cmd(
+    ctx: typer.Context,
     args: Annotated[
         list[str],
         typer.Argument(
@@ -495,7 +501,9 @@ def logs_cmd(
         deployment, name = resolve_deployment(args[0]), args[1]
     else:
         bad_input("usage: pdlaunch logs [TOPOLOGY|DEPLOYMENT] PROCESS")
-    if slurm_cli.recorded_backend(deployment, backend) is slurm_cli.Backend.slurm:
+    which = slurm_cli.recorded_backend(deployment, backend)
+    check_recorded(ctx, which.value, backend is not None, deployment)
+    if which is slurm_cli.Backend.slurm:
         slurm_cli.logs(deployment, name, lines, follow)
         return
     connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)

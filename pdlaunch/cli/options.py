@@ -12,6 +12,13 @@ from pdlaunch.hosts.options import ConnectOptions
 
 TopologyArg = Annotated[Path, typer.Argument(help="Topology YAML file", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output")]
+# Every command that writes files takes their directory as -o/--output.
+OutputDirOpt = Annotated[
+    Path | None,
+    typer.Option("-o", "--output", help="Directory to write into", show_default=False),
+]
+# `export k8s`'s old spelling of --output, hidden but still read so scripts do not break.
+OldOutOpt = Annotated[Path | None, typer.Option("--out", hidden=True)]
 
 # The SSH trio (up, down, status, logs, check): see connect_options.
 AcceptKeysOpt = Annotated[

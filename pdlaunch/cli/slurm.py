@@ -173,24 +173,6 @@ class SlurmFlags:
         values["sbatch_opt"] = tuple(params["sbatch_opt"] or ())
         return cls(**values)
 
-    def given(self) -> list[str]:
-        """The flags set on the command line, spelled as typed."""
-        return [
-            "--" + f.name.replace("_", "-")
-            for f in dataclasses.fields(self)
-            if getattr(self, f.name) not in (None, False, ())
-        ]
-
-
-def chosen(backend: Backend | None, flags: SlurmFlags) -> bool:
-    """True for `--backend slurm`. Slurm flags without it are a mistake to say, not to
-    ignore: the user meant a Slurm job."""
-    if backend is Backend.slurm:
-        return True
-    given = flags.given()
-    if given:
-        bad_input(f"{', '.join(given)}: Slurm option(s); add --backend slurm")
-    return False
 
 
 def recorded_backend(deployment: str, backend: Backend | None) -> Backend:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Iterable
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +14,7 @@ import typer
 from rich.markup import escape
 
 from pdlaunch import kvgeometry
+from pdlaunch.cli import k8s as k8s_cli
 from pdlaunch.cli import slurm as slurm_cli
 from pdlaunch.cli.app import (
     app,
@@ -23,6 +25,8 @@ from pdlaunch.cli.app import (
     plan_or_exit,
     print_json,
 )
+from pdlaunch.cli.backend_options import check_chosen
+from pdlaunch.cli.k8s import ImageOpt, K8sTarget, K8sTargetOpt
 from pdlaunch.cli.options import JsonOpt, TopologyArg
 from pdlaunch.cli.slurm import (
     AccountOpt,
@@ -77,6 +81,7 @@ def port_lines(process: Process) -> list[str]:
 
 @app.command("validate")
 def validate_cmd(
+    ctx: typer.Context,
     topology: TopologyArg,
     as_json: JsonOpt = False,
     backend: BackendOpt = None,
@@ -95,7 +100,7 @@ def validate_cmd(
     """Check a topology against every rule (with --backend slurm, the Slurm placement rules
     too); nothing is started."""
     flags = SlurmFlags.of(locals())
-    if slurm_cli.chosen(backend, flags):
+    if check_chosen(ctx, backend.value if backend else None) == "slurm":
         slurm_cli.validate_cmd(topology, flags, as_json)
         return
     topo, findings = load_valid(topology, as_json)
@@ -175,12 +180,30 @@ def plan_cmd(topology: TopologyArg, as_json: JsonOpt = False) -> None:
     out.print("[dim]argv, env, log paths and every port's purpose: pdlaunch plan FILE --json[/]")
 
 
+class RenderBackend(str, Enum):
+    ssh = "ssh"
+    slurm = "slurm"
+    k8s = "k8s"
+
+
 @app.command("render")
 def render_cmd(
+    ctx: typer.Context,
     topology: TopologyArg,
-    output: Annotated[Path, typer.Option("-o", "--output", help="Directory for the scripts")],
+    output: Annotated[
+        Path, typer.Option("-o", "--output", help="Directory to write into", show_default=False)
+    ],
     as_json: JsonOpt = False,
-    backend: BackendOpt = None,
+    backend: Annotated[
+        RenderBackend | None,
+        typer.Option(
+            "--backend",
+            case_sensitive=False,
+            help="ssh (default): a script per process; slurm: the sbatch job too; "
+            "k8s: Kubernetes manifests",
+            show_default=False,
+        ),
+    ] = None,
     partition: PartitionOpt = None,
     nodelist: NodelistOpt = None,
     account: AccountOpt = None,
@@ -192,12 +215,19 @@ def render_cmd(
     start_timeout: StartTimeoutOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
     cpus_per_node: CpusPerNodeOpt = None,
+    k8s_target: K8sTargetOpt = K8sTarget.disaggregatedset,
+    image: ImageOpt = None,
 ) -> None:
     """Write one runnable script per process, plus index.md and plan.json (with --backend
-    slurm: the sbatch script slurm-job.sh too, and an index.md that says how to submit it)."""
+    slurm: the sbatch script slurm-job.sh too, and an index.md that says how to submit it;
+    with --backend k8s: one YAML file per Kubernetes object, as `export k8s` did)."""
     flags = SlurmFlags.of(locals())
-    if slurm_cli.chosen(backend, flags):
+    which = check_chosen(ctx, backend.value if backend else None)
+    if which == "slurm":
         slurm_cli.render_cmd(topology, output, flags, as_json)
+        return
+    if which == "k8s":
+        k8s_cli.write(topology, output, k8s_target, image, as_json)
         return
     plan = plan_or_exit(topology, as_json)
     if output.exists() and not output.is_dir():

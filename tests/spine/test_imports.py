@@ -172,6 +172,8 @@ LAYERS = {
     "reports": 1,
     "targets": 1,
     "slurm": 1,
+    "k8s": 1,
+    "backend_options": 1,
     "watch_cmd": 1,
     "spec": 2,
     "launch": 2,

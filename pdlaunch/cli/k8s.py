@@ -1,0 +1,58 @@
+"""Kubernetes on the command line: its options, declared once, and the manifests
+`render --backend k8s` writes (pdlaunch.backends.k8s*). `export k8s` is the same command
+under its old name: both call :func:`write`, so their files and output are the same."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from pdlaunch.backends import k8s, k8s_files
+from pdlaunch.cli.app import failed, load_or_exit, out, plan_or_exit, print_json
+from pdlaunch.rules import RUNTIME_ADDRESSED
+
+
+class K8sTarget(str, Enum):
+    disaggregatedset = "disaggregatedset"
+    lws = "lws"
+
+
+_PANEL = "Kubernetes (with --backend k8s)"
+# A choice: a bad value is a usage error (exit 2) naming the choices, from click itself.
+K8sTargetOpt = Annotated[
+    K8sTarget,
+    typer.Option(
+        "--k8s-target",
+        case_sensitive=False,
+        help="disaggregatedset (LWS >= 0.9, default) or lws (two LeaderWorkerSets)",
+        rich_help_panel=_PANEL,
+    ),
+]
+ImageOpt = Annotated[
+    str | None,
+    typer.Option("--image", help="Engine image (default: per device kind)", rich_help_panel=_PANEL),
+]
+
+
+def write(
+    topology: Path, output: Path, target: K8sTarget, image: str | None, as_json: bool
+) -> None:
+    """Validate the topology, then write one YAML file per Kubernetes object (same input,
+    same bytes). Secrets become secretKeyRefs to `<deployment>-secrets`, never values."""
+    # Pods advertise status.podIP as their side-channel host (k8s.py), not the topology's.
+    plan = plan_or_exit(topology, as_json, skip=RUNTIME_ADDRESSED)
+    topo, source = load_or_exit(topology, as_json)
+    try:
+        paths = k8s_files.export_k8s(plan, topo, output, target.value, image, source=source)  # type: ignore[arg-type]
+    except k8s.ExportError as exc:
+        failed(str(exc))
+    except OSError as exc:
+        failed(f"cannot write to {output}: {exc}")
+    if as_json:
+        print_json({"files": [str(p) for p in paths]})
+    else:
+        out.print(f"wrote {len(paths)} manifest(s) to {escape(str(output))} ({target.value})")
