@@ -17,6 +17,7 @@ from pdlaunch.cli.app import bad_input
 SSH = frozenset({"ssh"})
 SLURM = frozenset({"slurm"})
 K8S = frozenset({"k8s"})
+SSH_TRIO = ["--accept-new-host-keys", "--known-hosts", "--ssh-config"]
 LABEL = {"ssh": "SSH", "slurm": "Slurm", "k8s": "Kubernetes"}
 
 OPTION_BACKENDS: dict[str, frozenset[str]] = {
@@ -117,3 +118,11 @@ def check_recorded(ctx: typer.Context, backend: str, explicit: bool, deployment:
     else:
         why = f" (the backend {deployment!r} is recorded on)"
         refuse_foreign(ctx, backend, why, suggest=False)
+
+
+def refuse_unused(ctx: typer.Context, options: list[str], why: str) -> None:
+    """Exit 2 when any of ``options`` was typed: the mode chosen (``why``, e.g. "without
+    --watch") does not read them, whatever the backend."""
+    typed = [o for o in given_options(ctx) if o in options]
+    if typed:
+        bad_input(f"{', '.join(typed)}: not read {why}")

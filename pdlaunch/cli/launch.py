@@ -32,7 +32,7 @@ from pdlaunch.cli.app import (
     print_error,
     print_json,
 )
-from pdlaunch.cli.backend_options import check_chosen, check_recorded
+from pdlaunch.cli.backend_options import SSH_TRIO, check_chosen, check_recorded, refuse_unused
 from pdlaunch.cli.options import (
     AcceptKeysOpt,
     HealthTimeoutOpt,
@@ -417,6 +417,10 @@ def status_cmd(
     deployment = resolve_deployment(target, as_json)
     which = slurm_cli.recorded_backend(deployment, backend)
     check_recorded(ctx, which.value, backend is not None, deployment)
+    if watch:  # it reads /metrics over HTTP, on any backend: no SSH connection
+        refuse_unused(ctx, SSH_TRIO, "by status --watch (it reads /metrics over HTTP)")
+    else:
+        refuse_unused(ctx, ["--interval", "--count"], "without --watch")
     if watch:
         watch_cli.watch(deployment, which.value, interval, count, as_json)
         return

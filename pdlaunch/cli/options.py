@@ -20,21 +20,32 @@ OutputDirOpt = Annotated[
 # `export k8s`'s old spelling of --output, hidden but still read so scripts do not break.
 OldOutOpt = Annotated[Path | None, typer.Option("--out", hidden=True)]
 
-# The SSH trio (up, down, status, logs, check): see connect_options.
+# The SSH trio (up, down, status, logs, check, doctor): see connect_options. Their own help
+# panel: under --backend slurm they are refused (backend_options).
+_SSH = "SSH (the default backend)"
 AcceptKeysOpt = Annotated[
     bool,
     typer.Option(
         "--accept-new-host-keys",
         help="Trust SSH host keys seen for the first time and record them (default: refuse)",
+        rich_help_panel=_SSH,
     ),
 ]
 KnownHostsOpt = Annotated[
     Path | None,
-    typer.Option("--known-hosts", help="Extra known_hosts file (new keys are recorded there)"),
+    typer.Option(
+        "--known-hosts",
+        help="Extra known_hosts file (new keys are recorded there)",
+        rich_help_panel=_SSH,
+    ),
 ]
 SshConfigOpt = Annotated[
     Path | None,
-    typer.Option("--ssh-config", help="ssh_config file replacing ~/.ssh/config (like ssh -F)"),
+    typer.Option(
+        "--ssh-config",
+        help="ssh_config file replacing ~/.ssh/config (like ssh -F)",
+        rich_help_panel=_SSH,
+    ),
 ]
 
 # `--timeout` bounds a different wait per command, so each meaning has its own help.

@@ -189,3 +189,18 @@ def test_render_k8s_json_lists_the_files(tmp_path: Path):
     assert res.exit_code == 0, res.output
     files = json.loads(res.stdout)["files"]
     assert files and all(Path(f).is_file() and Path(f).parent == tmp_path / "o" for f in files)
+
+
+@pytest.mark.parametrize(
+    "extra, named, why",
+    [
+        (["--interval", "2"], "--interval", "without --watch"),
+        (["--count", "3"], "--count", "without --watch"),
+        (["--watch", "--known-hosts", "kh"], "--known-hosts", "by status --watch"),
+    ],
+)
+def test_status_refuses_options_its_mode_does_not_read(extra, named, why):
+    # No record at all: SSH, so only the mode decides.
+    res = run("status", "nothing-here", *extra)
+    assert res.exit_code == 2, res.output
+    assert f"{named}: not read {why}" in res.output
