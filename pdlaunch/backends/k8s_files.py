@@ -106,6 +106,25 @@ def _is_ours(path: Path) -> bool:
         return f.read(len(HEADER)) == HEADER.encode()
 
 
+def manifests(
+    plan: Plan,
+    target: Target = "disaggregatedset",
+    image: ImageChoice = None,
+    router_image: str | None = None,
+) -> tuple[Export, list[str], list[str]]:
+    """The export, its file names and their texts, checked, nothing written (ExportError
+    when Kubernetes would refuse an object): what `validate --backend k8s` proves."""
+    export = build(plan, target, image, router_image)
+    names = [file_name(i, o) for i, o in enumerate(export.objects)]
+    header = (
+        f"{HEADER} ({export.target}) from deployment {_one_line(plan.deployment)}.\n"
+        f"# Do not edit: edit the topology and export again.\n"
+    )
+    texts = [header + to_yaml(obj) for obj in export.objects]
+    _checked(export.objects, texts)
+    return export, names, texts
+
+
 def write_manifests(
     plan: Plan,
     out_dir: str | Path,
@@ -116,15 +135,8 @@ def write_manifests(
     """One YAML file per object (numbered in apply order) and index.md; same plan, same
     bytes. YAML files an earlier export wrote and this one does not are removed, so
     `kubectl apply -f DIR` never applies both targets."""
-    export = build(plan, target, image, router_image)
+    export, names, texts = manifests(plan, target, image, router_image)
     out = Path(out_dir)
-    names = [file_name(i, o) for i, o in enumerate(export.objects)]
-    header = (
-        f"{HEADER} ({export.target}) from deployment {_one_line(plan.deployment)}.\n"
-        f"# Do not edit: edit the topology and export again.\n"
-    )
-    texts = [header + to_yaml(obj) for obj in export.objects]
-    _checked(export.objects, texts)
     out.mkdir(parents=True, exist_ok=True)
     for stale in sorted(out.glob("*.yaml")):
         if stale.name not in names and _is_ours(stale):

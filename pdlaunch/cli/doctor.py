@@ -37,7 +37,9 @@ def doctor_cmd(
             help="Also write a debug bundle (tar.gz; secrets and token-like strings redacted)",
         ),
     ] = None,
-    lines: Annotated[int, typer.Option("--lines", min=1, help="Log lines read per process")] = 500,
+    lines: Annotated[
+        int, typer.Option("-n", "--lines", min=1, help="Log lines read per process")
+    ] = 500,
     interval: Annotated[
         float,
         typer.Option(

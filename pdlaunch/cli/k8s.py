@@ -12,7 +12,18 @@ import typer
 from rich.markup import escape
 
 from pdlaunch.backends import k8s, k8s_files
-from pdlaunch.cli.app import failed, load_or_exit, out, plan_or_exit, print_json
+from pdlaunch.cli.app import (
+    EXIT_FINDINGS,
+    failed,
+    finding_dict,
+    load_or_exit,
+    load_valid,
+    out,
+    plan_or_exit,
+    print_error,
+    print_json,
+)
+from pdlaunch.plan import build_plan
 from pdlaunch.rules import RUNTIME_ADDRESSED
 
 
@@ -56,3 +67,32 @@ def write(
         print_json({"files": [str(p) for p in paths]})
     else:
         out.print(f"wrote {len(paths)} manifest(s) to {escape(str(output))} ({target.value})")
+
+
+def validate(topology: Path, target: K8sTarget, image: str | None, as_json: bool) -> None:
+    """Every rule the export runs, then the manifests built and checked as Kubernetes would
+    check them; nothing written. Exit 2 unreadable input, 1 refused."""
+    topo, findings = load_valid(topology, as_json, RUNTIME_ADDRESSED)
+    try:
+        export, _, _ = k8s_files.manifests(build_plan(topo), target.value, image)  # type: ignore[arg-type]
+    except k8s.ExportError as exc:
+        if as_json:
+            print_json({"valid": False, "backend": "k8s", "error": str(exc)})
+        else:
+            print_error(f"{topology}: cannot be exported to Kubernetes: {exc}")
+        raise typer.Exit(EXIT_FINDINGS) from None
+    if as_json:
+        print_json(
+            {
+                "valid": True,
+                "backend": "k8s",
+                "target": target.value,
+                "objects": len(export.objects),
+                "findings": [finding_dict(f) for f in findings],
+            }
+        )
+        return
+    out.print(
+        f"[green]{escape(str(topology))}: valid for Kubernetes[/] ({len(export.objects)} "
+        f"object(s), {target.value}, {len(findings)} warning(s))"
+    )

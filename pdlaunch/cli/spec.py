@@ -30,7 +30,6 @@ from pdlaunch.cli.k8s import ImageOpt, K8sTarget, K8sTargetOpt
 from pdlaunch.cli.options import JsonOpt, TopologyArg
 from pdlaunch.cli.slurm import (
     AccountOpt,
-    BackendOpt,
     CpusPerNodeOpt,
     ExclusiveOpt,
     GpusPerNodeOpt,
@@ -47,6 +46,26 @@ from pdlaunch.kvpath import PairPath
 from pdlaunch.plan import KvPair, Process
 from pdlaunch.render import render_plan, write_files
 from pdlaunch.topology import Topology
+
+
+class SpecBackend(str, Enum):
+    """`validate` and `render` also know Kubernetes, a render target (no `up` there yet)."""
+
+    ssh = "ssh"
+    slurm = "slurm"
+    k8s = "k8s"
+
+
+SpecBackendOpt = Annotated[
+    SpecBackend | None,
+    typer.Option(
+        "--backend",
+        case_sensitive=False,
+        help="ssh (default): a script per process; slurm: one Slurm batch job; "
+        "k8s: Kubernetes manifests",
+        show_default=False,
+    ),
+]
 
 # Short names for the plan's port kinds, so each port line fits a narrow terminal.
 PORT_LABELS = {
@@ -84,7 +103,7 @@ def validate_cmd(
     ctx: typer.Context,
     topology: TopologyArg,
     as_json: JsonOpt = False,
-    backend: BackendOpt = None,
+    backend: SpecBackendOpt = None,
     partition: PartitionOpt = None,
     nodelist: NodelistOpt = None,
     account: AccountOpt = None,
@@ -96,12 +115,18 @@ def validate_cmd(
     start_timeout: StartTimeoutOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
     cpus_per_node: CpusPerNodeOpt = None,
+    k8s_target: K8sTargetOpt = K8sTarget.disaggregatedset,
+    image: ImageOpt = None,
 ) -> None:
     """Check a topology against every rule (with --backend slurm, the Slurm placement rules
-    too); nothing is started."""
+    too; with --backend k8s, the manifests as Kubernetes checks them); nothing is started."""
     flags = SlurmFlags.of(locals())
-    if check_chosen(ctx, backend.value if backend else None) == "slurm":
+    which = check_chosen(ctx, backend.value if backend else None)
+    if which == "slurm":
         slurm_cli.validate_cmd(topology, flags, as_json)
+        return
+    if which == "k8s":
+        k8s_cli.validate(topology, k8s_target, image, as_json)
         return
     topo, findings = load_valid(topology, as_json)
     paths = kvgeometry.pair_paths(topo)
@@ -180,12 +205,6 @@ def plan_cmd(topology: TopologyArg, as_json: JsonOpt = False) -> None:
     out.print("[dim]argv, env, log paths and every port's purpose: pdlaunch plan FILE --json[/]")
 
 
-class RenderBackend(str, Enum):
-    ssh = "ssh"
-    slurm = "slurm"
-    k8s = "k8s"
-
-
 @app.command("render")
 def render_cmd(
     ctx: typer.Context,
@@ -194,16 +213,7 @@ def render_cmd(
         Path, typer.Option("-o", "--output", help="Directory to write into", show_default=False)
     ],
     as_json: JsonOpt = False,
-    backend: Annotated[
-        RenderBackend | None,
-        typer.Option(
-            "--backend",
-            case_sensitive=False,
-            help="ssh (default): a script per process; slurm: the sbatch job too; "
-            "k8s: Kubernetes manifests",
-            show_default=False,
-        ),
-    ] = None,
+    backend: SpecBackendOpt = None,
     partition: PartitionOpt = None,
     nodelist: NodelistOpt = None,
     account: AccountOpt = None,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import typer.main
+import yaml
 from typer.testing import CliRunner
 
 from pdlaunch.cli import app
@@ -204,3 +205,36 @@ def test_status_refuses_options_its_mode_does_not_read(extra, named, why):
     res = run("status", "nothing-here", *extra)
     assert res.exit_code == 2, res.output
     assert f"{named}: not read {why}" in res.output
+
+
+def test_validate_k8s_refuses_what_the_export_refuses_and_writes_nothing(tmp_path: Path):
+    data = yaml.safe_load(Path(GB200).read_text())
+    # Valid for SSH and Slurm, but one LeaderWorkerSet template cannot hold two prefills
+    # that differ (pdlaunch/backends/k8s.py).
+    data["prefill"][1]["extra_args"] = ["--max-num-seqs=16"]
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert run("validate", str(path)).exit_code == 0
+    res = run("validate", str(path), "--backend", "k8s")
+    assert res.exit_code == 1 and "prefill-0 and prefill-1 differ" in res.output, res.output
+    res = run("render", str(path), "--backend", "k8s", "-o", str(tmp_path / "o"))
+    assert res.exit_code == 1 and "differ" in res.output, res.output
+    assert not (tmp_path / "o").exists()
+    res = run("validate", GB200, "--backend", "k8s", "--k8s-target", "lws", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["valid"] and data["backend"] == "k8s" and data["target"] == "lws"
+    # The same objects `render` writes: one YAML file each.
+    res = run("render", GB200, "--backend", "k8s", "--k8s-target", "lws", "-o", str(tmp_path / "w"))
+    assert len(list((tmp_path / "w").glob("*.yaml"))) == data["objects"]
+
+
+def test_every_short_option_means_one_long_option():
+    """`-o` is --output and `-n` is --lines on every command that has them."""
+    meaning: dict[str, set[str]] = {}
+    for _, cmd in _commands():
+        for p in cmd.params:
+            for short in (o for o in p.opts if not o.startswith("--")):
+                meaning.setdefault(short, set()).add(long_name(p))
+    assert all(len(longs) == 1 for longs in meaning.values()), meaning
+    assert meaning["-o"] == {"--output"} and meaning["-n"] == {"--lines"}
