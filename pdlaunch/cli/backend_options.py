@@ -31,6 +31,8 @@ OPTION_BACKENDS: dict[str, frozenset[str]] = {
     "--grace": SSH,
     "--skip-check": SSH,
     "--replace": SSH,
+    # The Slurm job's canary is one request through the router (backends/slurm_run.py).
+    "--canary-scope": SSH,
     # sbatch and the Slurm placement rules.
     "--partition": SLURM,
     "--nodelist": SLURM,
