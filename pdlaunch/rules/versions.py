@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pdlaunch import facts, kvreaders
+from pdlaunch import facts, kvreaders, plugins
 from pdlaunch import kv as kv_extension
 from pdlaunch.devices import profile
 from pdlaunch.load import FieldPath
 from pdlaunch.nodeenv import derived_env
 from pdlaunch.ports import Node, all_nodes
-from pdlaunch.rules.base import Finding, error, rule
-from pdlaunch.topology import Topology
+from pdlaunch.rules.base import Finding, error, rule, warning
+from pdlaunch.topology import Topology, instance_name
 
 GENERATOR = "pdlaunch/facts (scripts/gen_vllm_facts.py)"
 # The vLLM modules pdlaunch/kv/connector.py imports (its lines 39-60).
@@ -286,7 +286,48 @@ def _pair(
         )
 
 
+def _series(series: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in series.split(".") if x.isdigit())
+
+
 def _short(value: Any) -> str:
     if isinstance(value, list):
         return f"{len(value)} fields" if len(value) > 4 else ", ".join(value)
     return "none" if value is None else str(value)
+
+
+@rule(
+    "plugin-vllm",
+    "each instance's plugin profile is the release built for the instance's vLLM series",
+    "pdlaunch/facts/plugins/ (each profile's `vllm`, read from the plugin's source)",
+)
+def plugin_vllm(topo: Topology) -> Iterator[Finding]:
+    for role, i, inst in topo.instances():
+        try:
+            prof = plugins.of(inst.device, inst.plugin)
+        except KeyError:
+            continue  # the plugin rule refuses an unknown profile
+        version = topo.vllm_version_of(inst)
+        series = facts.series_of(version)
+        if prof is None or prof.vllm == series:
+            continue
+        same = [p for p in plugins.profiles().values() if p.plugin == prof.plugin]
+        matching = [p.id for p in same if p.vllm == series]
+        named = f"named by {instance_name(role, i, inst)}" if inst.plugin else "its default"
+        pin = f"run vLLM {prof.vllm} on this instance (vllm_version: {prof.vllm})"
+        fix = (
+            f"name {' or '.join(matching)} (built for vLLM {series}), or {pin}"
+            if matching
+            else f"{pin}; pdlaunch has {prof.plugin} profiles for vLLM "
+            + ", ".join(sorted({p.vllm for p in same}, key=_series))
+        )
+        yield warning(
+            "plugin-vllm",
+            (role, i, "plugin") if inst.plugin else (role, i, "device"),
+            f"{instance_name(role, i, inst)} runs {prof.id} ({named}), built for vLLM "
+            f"{prof.vllm}, on vLLM {version}: a plugin patches and imports its own release's "
+            "vLLM internals, so on another series its connector, env and KV layout facts may "
+            "not hold (or it fails to import)",
+            fix,
+            f"pdlaunch/facts/plugins/{prof.id}.json: {prof.vllm_note} ({prof.origin} {prof.ref})",
+        )
