@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 # The KV extension's root imports no torch/vLLM: its config builder runs here.
-from pdlaunch import facts
+from pdlaunch import facts, kvreaders
 from pdlaunch import kv as kv_extension
 from pdlaunch import kvgeometry as kv
 from pdlaunch.addresses import is_local_control_host
@@ -259,12 +259,16 @@ def kv_transfer_config(topo: Topology, node: Node) -> dict[str, Any]:
         cfg["kv_load_failure_policy"] = kvc.load_failure_policy
     if kv.needs_permute(topo, node.role, inst):
         cfg["enable_permute_local_kv"] = True
+    # The agreed block size only where the connector this process loads reads it (the
+    # plugin's post-processing on prefill; no released NixlConnector does): elsewhere it
+    # would parse and do nothing (kvreaders.py).
+    agreed = kv_extension.KEY_AGREED_BLOCK_SIZE
     if (
         kv.heterogeneous_blocks(topo)
         or kvc.agreed_block_size != "auto"
-        or (native and kv_extension.KEY_AGREED_BLOCK_SIZE in native.extra_config)
-    ):
-        extra[kv_extension.KEY_AGREED_BLOCK_SIZE] = kv.agreed_block_size(topo)
+        or (native and agreed in native.extra_config)
+    ) and kvreaders.reads(topo, node.role, inst, cfg, agreed):
+        extra[agreed] = kv.agreed_block_size(topo)
     if lease:
         extra["kv_lease_duration"] = kvc.kv_lease_duration
     if extra:

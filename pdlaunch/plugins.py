@@ -66,6 +66,10 @@ class PluginProfile:
     extension_ok: bool
     extension_why: str
     post_processing: tuple[PostProcessing, ...]
+    # kv_connector_extra_config keys its Mooncake connector reads, and where (vllm-ascend).
+    mooncake_extra_config: tuple[str, ...] = ()
+    mooncake_extra_config_source: str = ""
+    origin: str = ""  # where the profile was read (repository or package index)
 
     def connector(self, name: str) -> Connector | None:
         return next((c for c in self.connectors if c.name == name), None)
@@ -117,6 +121,9 @@ def _load(path: Path) -> PluginProfile:
             )
             for p in raw["post_processing"]
         ),
+        mooncake_extra_config=tuple(raw.get("mooncake_extra_config", {}).get("keys", ())),
+        mooncake_extra_config_source=raw.get("mooncake_extra_config", {}).get("source", ""),
+        origin=raw.get("source", ""),
     )
 
 

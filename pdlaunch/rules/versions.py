@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pdlaunch import facts
+from pdlaunch import facts, kvreaders, plugins
 from pdlaunch import kv as kv_extension
 from pdlaunch.devices import profile
 from pdlaunch.load import FieldPath
 from pdlaunch.nodeenv import derived_env
 from pdlaunch.ports import Node, all_nodes
-from pdlaunch.rules.base import Finding, error, rule
-from pdlaunch.topology import Topology
+from pdlaunch.rules.base import Finding, error, rule, warning
+from pdlaunch.topology import Topology, instance_name
 
 GENERATOR = "pdlaunch/facts (scripts/gen_vllm_facts.py)"
 # The vLLM modules pdlaunch/kv/connector.py imports (its lines 39-60).
@@ -69,18 +69,34 @@ def _planned(topo: Topology, node: Node) -> tuple[list[str], dict[str, Any]] | N
 )
 def version_render(topo: Topology) -> Iterator[Finding]:
     reported: set[tuple[FieldPath, str]] = set()
+    agreed_read, judged_all = False, True
     for node in all_nodes(topo):
         vf = _facts(topo, node)
         planned = _planned(topo, node) if vf is not None else None
         if vf is None or planned is None:
+            judged_all = False
             continue
         argv, cfg = planned
+        extra = cfg.get("kv_connector_extra_config")
+        agreed_read |= isinstance(extra, dict) and kv_extension.KEY_AGREED_BLOCK_SIZE in extra
         for problem, fix, source in _render_problems(topo, node, vf, argv, cfg):
             key = ((node.role, node.index), problem)
             if key in reported:
                 continue
             reported.add(key)
             yield error("version-render", _version_path(topo, node), problem, fix, source)
+    explicit = topo.kv_connector.agreed_block_size != "auto"
+    if explicit and judged_all and not agreed_read and topo.kv_connector.kind == "nixl":
+        # The plan renders the key only where a connector reads it (kvreaders.py).
+        yield error(
+            "version-render",
+            ("kv_connector", "agreed_block_size"),
+            "kv_connector.agreed_block_size is read by no process of this deployment: only "
+            "a prefill that re-blocks (pdlaunch's KV extension, or a plugin's native "
+            "post-processing) reads it, and here stock NIXL moves the prefill's own blocks",
+            "remove agreed_block_size (or `auto`); set it only where a prefill re-blocks",
+            "pdlaunch/kvreaders.py; each release's runtime.nixl.extra_config_keys",
+        )
 
 
 def _render_problems(
@@ -106,18 +122,21 @@ def _render_problems(
                 f"{src} (fields: {', '.join(sorted(fields))})",
             )
     extra = cfg.get("kv_connector_extra_config", {})
-    if cfg.get("kv_connector") == "NixlConnector" and isinstance(extra, dict):
-        reads = vf.nixl.get("extra_config_keys", {})
-        # agreed_block_size is the hetero guide's key (read by the plugin's connector, seeds/
-        # hetero-pd-cuda-gaudi-nixl-rev2.md); which connector reads it on which side is the
-        # connector-choice rules' question, not this one's.
+    reads = kvreaders.keys_read(topo, node.role, node.instance, cfg)
+    if isinstance(extra, dict) and reads is not None:
+        who = (
+            "pdlaunch's KV extension"
+            if cfg.get("kv_connector_module_path") == kv_extension.CONNECTOR_MODULE_PATH
+            else f"{label}'s {cfg.get('kv_connector')}"
+        )
         for key in extra:
-            if key not in reads and key != kv_extension.KEY_AGREED_BLOCK_SIZE:
+            if key not in reads:
                 yield (
-                    f"{name}: {label}'s NixlConnector never reads kv_connector_extra_config "
-                    f"{key!r}: the setting would be ignored silently",
+                    f"{name}: {who} never reads kv_connector_extra_config {key!r}: the "
+                    "setting would be ignored silently",
                     _kv_fix(key),
-                    f"{vf.nixl.get('files', ['nixl'])[0]} (reads: {', '.join(reads) or 'none'})",
+                    f"{vf.nixl.get('files', ['nixl'])[0]} (reads: "
+                    f"{', '.join(sorted(reads)) or 'none'}); pdlaunch/kvreaders.py",
                 )
     module = cfg.get("kv_connector_module_path")
     if module == kv_extension.CONNECTOR_MODULE_PATH and not any(
@@ -267,7 +286,48 @@ def _pair(
         )
 
 
+def _series(series: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in series.split(".") if x.isdigit())
+
+
 def _short(value: Any) -> str:
     if isinstance(value, list):
         return f"{len(value)} fields" if len(value) > 4 else ", ".join(value)
     return "none" if value is None else str(value)
+
+
+@rule(
+    "plugin-vllm",
+    "each instance's plugin profile is the release built for the instance's vLLM series",
+    "pdlaunch/facts/plugins/ (each profile's `vllm`, read from the plugin's source)",
+)
+def plugin_vllm(topo: Topology) -> Iterator[Finding]:
+    for role, i, inst in topo.instances():
+        try:
+            prof = plugins.of(inst.device, inst.plugin)
+        except KeyError:
+            continue  # the plugin rule refuses an unknown profile
+        version = topo.vllm_version_of(inst)
+        series = facts.series_of(version)
+        if prof is None or prof.vllm == series:
+            continue
+        same = [p for p in plugins.profiles().values() if p.plugin == prof.plugin]
+        matching = [p.id for p in same if p.vllm == series]
+        named = f"named by {instance_name(role, i, inst)}" if inst.plugin else "its default"
+        pin = f"run vLLM {prof.vllm} on this instance (vllm_version: {prof.vllm})"
+        fix = (
+            f"name {' or '.join(matching)} (built for vLLM {series}), or {pin}"
+            if matching
+            else f"{pin}; pdlaunch has {prof.plugin} profiles for vLLM "
+            + ", ".join(sorted({p.vllm for p in same}, key=_series))
+        )
+        yield warning(
+            "plugin-vllm",
+            (role, i, "plugin") if inst.plugin else (role, i, "device"),
+            f"{instance_name(role, i, inst)} runs {prof.id} ({named}), built for vLLM "
+            f"{prof.vllm}, on vLLM {version}: a plugin patches and imports its own release's "
+            "vLLM internals, so on another series its connector, env and KV layout facts may "
+            "not hold (or it fails to import)",
+            fix,
+            f"pdlaunch/facts/plugins/{prof.id}.json: {prof.vllm_note} ({prof.origin} {prof.ref})",
+        )

@@ -371,10 +371,18 @@ CASES = {
 # fixture excerpt "{case}-cuda". Case 1 prefills on CUDA, Case 2 on Gaudi.
 _HETERO_ALLOWED = {"env:VLLM_USE_V1": V1_GONE, "kv:kv_role": SPLIT_ROLE}
 _CUDA_ALLOWED = _HETERO_ALLOWED | {"env:VLLM_NIXL_DEVICE_TO_DEVICE": D2D_GAUDI_ONLY}
+AGREED_ON_PREFILL_ONLY = (
+    "agreed_block_size: only the prefill's connector reads it (PR 30448: prefill saves at the "
+    "agreed size and tells decode in its handshake metadata, block_size_after_save); the "
+    "decode runs a kv_consumer NixlConnector that never saves, and no released vLLM reads "
+    "the key, so pdlaunch leaves it off decode (the rest of the dict must match: checked "
+    "below)"
+)
+_CASE2_DECODE_ALLOWED = _CUDA_ALLOWED | {"kv:kv_connector_extra_config": AGREED_ON_PREFILL_ONLY}
 HETERO_SCRIPTS = {
     ("case1", "cuda"): ("prefill-0", _CUDA_ALLOWED),
     ("case1", "gaudi"): ("decode-0", _HETERO_ALLOWED),
-    ("case2", "cuda"): ("decode-0", _CUDA_ALLOWED),
+    ("case2", "cuda"): ("decode-0", _CASE2_DECODE_ALLOWED),
     # The guide's pin (vllm-gaudi@e269485 on PR 30448's vLLM branch): pdlaunch renders the
     # guide's own NixlConnector config on the Gaudi prefill, not its extension.
     ("case2", "gaudi"): ("prefill-0", _HETERO_ALLOWED),
@@ -402,6 +410,10 @@ def test_hetero_node_matches_seed(case, node, tmp_path, fakebin):
     cfg = json.loads(flag_values(ran, "--kv-transfer-config")[0])
     assert cfg["kv_connector"] == "NixlConnector"
     assert "kv_connector_module_path" not in cfg
+    seed_extra = _seed_kv(hetero_script(case, node))["kv_connector_extra_config"]
+    if process.startswith("decode"):
+        seed_extra = {k: v for k, v in seed_extra.items() if k != "agreed_block_size"}
+    assert cfg["kv_connector_extra_config"] == seed_extra
 
 
 @pytest.mark.parametrize("case", list(CASES))

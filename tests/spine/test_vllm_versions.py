@@ -280,3 +280,34 @@ def test_a_config_key_the_release_lacks_is_refused():
     assert "AttentionConfig" in found[0].message and "config/attention.py" in found[0].source
     typo = errors(CPU, **{"defaults.extra_args": ['--attention-config={"mla_prefil_backend": 1}']})
     assert [f.rule for f in typo] == ["config-key"] and "mla_prefill_backend" in typo[0].fix
+
+
+def _plugin_findings(path: str, vllm_version: str, plugin: str | None) -> list:
+    from pdlaunch.load import parse_text, read_text, validate_data
+
+    data, source = parse_text(read_text(ROOT / "topologies" / path), path)
+    data["model"]["vllm_version"] = vllm_version
+    for role in ("prefill", "decode"):
+        for inst in data[role]:
+            inst.pop("plugin", None)
+            if plugin:
+                inst["plugin"] = plugin
+    topo = validate_data(data, source)
+    return [f for f in validate(topo, source) if f.rule == "plugin-vllm"]
+
+
+def test_a_plugin_built_for_another_release_is_warned_citing_the_profile():
+    found = _plugin_findings("ascend-mooncake-tp2.yaml", "0.32", "vllm-ascend@0.23.0.post1")
+    assert [(f.severity, f.field) for f in found] == [
+        ("warning", ("prefill", 0, "plugin")),
+        ("warning", ("decode", 0, "plugin")),
+    ]
+    assert "built for vLLM 0.23, on vLLM 0.32" in found[0].message
+    assert "vllm-ascend@0.23.0.post1.json" in found[0].source
+    assert "docs/source/conf.py pins vLLM 0.23.0" in found[0].source
+    assert "vllm_version: 0.23" in found[0].fix
+    assert _plugin_findings("ascend-mooncake-tp2.yaml", "0.23.0", "vllm-ascend@0.23.0.post1") == []
+    # A Gaudi decode on its device's default profile: the fix names the matching release.
+    found = _plugin_findings("cuda-prefill-gaudi-decode.yaml", "0.24", None)
+    assert [f.field for f in found] == [("decode", 0, "device")]
+    assert "vllm-gaudi@v0.24.0" in found[0].fix and "its default" in found[0].message
