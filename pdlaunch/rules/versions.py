@@ -238,13 +238,14 @@ def _sc_src(vf: facts.Facts) -> str:
 def pd_handshake(topo: Topology) -> Iterator[Finding]:
     if topo.kv_connector.kind != "nixl":
         return
-    pairs: set[tuple[str, str]] = set()
-    for _, pi, p in [x for x in topo.instances() if x[0] == "prefill"]:
-        for _, di, d in [x for x in topo.instances() if x[0] == "decode"]:
-            pv, dv = topo.vllm_version_of(p), topo.vllm_version_of(d)
-            if pv == dv or (pv, dv) in pairs:
+    # Each release pair at its first (prefill, decode) pair, found in P + D steps: a walk of
+    # every pair was P x D (1,000 instances: 250,000 steps).
+    first_p = _first_by_release(topo, topo.prefill)
+    first_d = _first_by_release(topo, topo.decode)
+    for pv, (pi, p) in first_p.items():
+        for dv, (di, d) in first_d.items():
+            if pv == dv:
                 continue
-            pairs.add((pv, dv))
             try:
                 pf, df = facts.vllm(pv), facts.vllm(dv)
             except KeyError:
@@ -255,6 +256,13 @@ def pd_handshake(topo: Topology) -> Iterator[Finding]:
             elif p.vllm_version is not None:
                 path = ("prefill", pi, "vllm_version")
             yield from _pair(topo, pv, dv, pf, df, path)
+
+
+def _first_by_release(topo: Topology, insts: list) -> dict[str, tuple[int, Any]]:
+    first: dict[str, tuple[int, Any]] = {}
+    for i, inst in enumerate(insts):
+        first.setdefault(topo.vllm_version_of(inst), (i, inst))
+    return first
 
 
 def _pair(
