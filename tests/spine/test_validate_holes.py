@@ -466,7 +466,7 @@ def test_whole_json_flag_overridden_by_dotted_flag():
 
 
 def test_unknown_vllm_version():
-    text = doc(model=f'  vllm_version: "0.31"  {MARK}\n')
+    text = doc(model=f'  vllm_version: "0.34"  {MARK}\n')
     f = finding(text, "vllm-version", ("model", "vllm_version"))
     assert "0.32" in f.fix
 
