@@ -116,6 +116,11 @@ class CommandTimeout(HostError):
     """A command ran past its timeout (and was killed)."""
 
 
+class ProcessSurvived(HostError):
+    """A process group was still alive after SIGKILL and the wait that followed it (a process
+    in uninterruptible sleep, or a host too loaded to finish the exit in time)."""
+
+
 class UnsafePathError(HostError):
     """A directory pdlaunch would write into could be changed by someone else."""
 
@@ -402,6 +407,10 @@ class Host(ABC):
         )
         res = self._exec(script, timeout=grace + 60)
         out = res.stdout.strip()
+        if res.rc == 3 and "still alive after SIGKILL" in res.stderr:
+            raise ProcessSurvived(
+                f"{self.name}: cannot stop pid {pid}: {res.stderr.strip()}", host=self.name
+            )
         if res.rc != 0 or out not in ("none", "reused", "term", "kill"):
             raise HostError(
                 f"{self.name}: cannot stop pid {pid}: {res.stderr.strip() or out or res.rc}",

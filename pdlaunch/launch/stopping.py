@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import threading
 
-from pdlaunch.hosts import CommandTimeout, Host, HostError, HostPool, parallel, sh_quote_path
+from pdlaunch.hosts import (
+    CommandTimeout,
+    Host,
+    HostError,
+    HostPool,
+    ProcessSurvived,
+    parallel,
+    sh_quote_path,
+)
 from pdlaunch.state import DeploymentState, ProcessState
 
 from .model import STOP_ORDER, Reporter, View
@@ -58,9 +66,11 @@ def stop_processes(
     return errors
 
 
-# A stop that timed out proved nothing either way. Under heavy load (engines dying on a 2-core
-# host, as in CI) a host can stall a command for a minute; the stop script is idempotent, so
-# asking again costs little and usually settles it ("none" if the first try finished the job).
+# A stop that timed out proved nothing either way, and a group still alive after SIGKILL may
+# be finishing its exit. Under heavy load (engines dying on a 2-core host, as in CI) both were
+# seen: a command stalled for a minute; two workers of a DP engine alive 10 s after SIGKILL.
+# The stop script is idempotent, so asking again costs little and usually settles it ("none"
+# if the first try finished the job).
 STOP_ATTEMPTS = 3
 
 
@@ -70,6 +80,6 @@ def _stop_patiently(host: Host, ps: ProcessState, grace: float) -> None:
         try:
             host.stop(ps.pid, grace=grace, start_time=ps.start_time, log_file=ps.log_path)
             return
-        except CommandTimeout as exc:
+        except (CommandTimeout, ProcessSurvived) as exc:
             if attempt == STOP_ATTEMPTS:
-                raise CommandTimeout(f"{exc} ({attempt} tries)", host=exc.host) from exc
+                raise type(exc)(f"{exc} ({attempt} tries)", host=exc.host) from exc

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from pdlaunch import rules
-from pdlaunch.hosts import HostError
+from pdlaunch.hosts import HostError, ProcessSurvived
 from pdlaunch.launch import LaunchError, Reporter, UpOptions, down, status, up
 from pdlaunch.launch.readiness import ABORTED, DEADLINE, EXITED, READY, wait_until
 from pdlaunch.load import load_text
@@ -206,6 +206,22 @@ def test_a_stop_that_timed_out_once_is_asked_again_and_rollback_completes(world)
     # (tests/netns DP MoE case); the stop is idempotent, so launch asks again.
     world.dies_at_start.add("router")
     world.hang(B, "stop", times=1)
+    with pytest.raises(LaunchError) as info:
+        up(PLAN, opts(), opener=world.opener)
+    assert info.value.rolled_back is True, str(info.value)
+    assert world.alive() == []
+    assert [s.split("#")[0] for s in world.stopped()].count("decode-0") == 2
+
+
+def test_a_group_alive_after_sigkill_once_is_asked_again_and_rollback_completes(world):
+    # CI: two workers of a DP decode were still alive 10 s after SIGKILL on a loaded host.
+    world.dies_at_start.add("router")
+    world.fail(
+        B,
+        "stop",
+        error=ProcessSurvived(f"{B}: cannot stop pid 1: still alive after SIGKILL: 2 3", host=B),
+        times=1,
+    )
     with pytest.raises(LaunchError) as info:
         up(PLAN, opts(), opener=world.opener)
     assert info.value.rolled_back is True, str(info.value)
