@@ -36,6 +36,7 @@ from typing import Any
 
 import pytest
 
+from pdlaunch.canary import REMOTE_DECODE
 from pdlaunch.health import post_json, probe
 from tests.e2e_support import (
     BY_SOURCE,
@@ -264,14 +265,7 @@ def _manual_pd(dep: Deployment, prompt: list[int], tamper: bool) -> list[int]:
             prompt,
             max_tokens=1,
             stream=False,
-            kv_transfer_params={
-                "do_remote_decode": True,
-                "do_remote_prefill": False,
-                "remote_engine_id": None,
-                "remote_block_ids": None,
-                "remote_host": None,
-                "remote_port": None,
-            },
+            kv_transfer_params=dict(REMOTE_DECODE),  # what the router sends prefill
         ),
         timeout=REQUEST_TIMEOUT,
     )
