@@ -158,6 +158,36 @@ def gap_from_metrics(
     return gap(decode, h, handoff_mean_s)
 
 
+def _delta(metric: str, before: str | None, after: str) -> promhist.Histogram | None:
+    h = promhist.parse(after, metric)
+    if h is not None and before is not None:
+        b = promhist.parse(before, metric)
+        if b is not None and not (h - b).went_back():
+            return h - b
+    return h
+
+
+def frontend_mean_s(before: str | None, after: str) -> float:
+    """Decode's own hand-off, from its /metrics alone: TTFT (from HTTP arrival) minus queue
+    time minus first step, as means (0 when unknown). Requests sit there after prefill
+    finished and before decode's scheduler knows them (and heartbeats them)."""
+    ttft = _delta("vllm:time_to_first_token_seconds", before, after)
+    queue = _delta(DECODE_QUEUE, before, after)
+    step = _delta("vllm:request_prefill_time_seconds", before, after)
+    means = [h.mean if h is not None else None for h in (ttft, queue, step)]
+    if any(m is None for m in means):
+        return 0.0
+    t, q, s = means
+    assert t is not None and q is not None and s is not None
+    return max(0.0, t - q - s)
+
+
+def decode_gap(decode: str, before: str | None, after: str) -> Gap:
+    """The gap as far as decode's /metrics tell (`status --watch`, `doctor`): its queue-time
+    quantiles plus its frontend mean; the router's hand-off before that is not in them."""
+    return gap_from_metrics(decode, before, after, frontend_mean_s(before, after))
+
+
 def budget_warning(g: Gap, lease: Lease | None, fraction: float = WARN_FRACTION) -> str | None:
     """A warning when the p99 gap reaches ``fraction`` of the lease (before expiries start);
     a p99 that is only an upper bound ("<=") below the threshold says nothing."""
