@@ -62,8 +62,10 @@ def watch(deployment: str, backend: str, interval: float, count: int | None, as_
                 b, n = before.get(p.name), now.get(p.name)
                 if isinstance(b, watch_mod.Counters) and isinstance(n, watch_mod.Counters):
                     row = watch_mod.judge(p.name, p.role, b, n)
-                    row.warnings += watch_mod.lease_warnings(
-                        p.name, p.role, texts_before.get(p.name), texts[p.name], lease
+                    row.warnings.extend(
+                        watch_mod.lease_warnings(
+                            p.name, p.role, texts_before.get(p.name), texts[p.name], lease
+                        )
                     )
                     rows.append(row)
                 else:
