@@ -15,7 +15,10 @@ vllm-router 0.1.17, checked in the installed packages):
 - NIXL records per-transfer ``nixl_xfer_time_seconds`` and ``nixl_bytes_transferred`` histograms
   on the reading side (decode) (distributed/kv_transfer/kv_connector/v1/nixl/stats.py:47-53,
   188-215).
-- vllm-router exposes ``vllm_router_pd_request_duration_seconds`` (histogram, per route) and
+- vllm-router exposes ``vllm_router_pd_request_duration_seconds`` (histogram, per route; it
+  ends when the router hands the response back, before a stream ends: in a live run of 100
+  streamed requests its mean was 2.75 s against the client's mean TTFT 3.81 s and mean
+  end-to-end 8.67 s) and
   ``vllm_router_pd_decode_pending_seconds`` (a summary: sliding-window quantiles, only its
   sum/count can be subtracted). It logs nothing per request at INFO (a live run's router.log
   has only start-up lines); it forwards ``X-Request-Id`` to prefill and decode (its debug log
@@ -69,7 +72,7 @@ HOPS: tuple[HopDef, ...] = (
         "router_request",
         "router",
         ROUTER_DURATION,
-        "router: whole request (in -> last byte)",
+        "router: request in -> response started",
         (("route", "/v1/completions"),),
     ),
 )

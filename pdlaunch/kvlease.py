@@ -111,6 +111,7 @@ class Gap:
     p50_s: float | None
     p99_s: float | None
     p99_bound: str = ""  # "<=" / ">=": the p99 fell in the first / last histogram bucket
+    p50_bound: str = ""
     handoff_mean_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,6 +121,7 @@ class Gap:
             "gap_p50_s": self.p50_s,
             "gap_p99_s": self.p99_s,
             "p99_bound": self.p99_bound,
+            "p50_bound": self.p50_bound,
             "handoff_mean_s": self.handoff_mean_s,
             "measured": "decode request_queue_time_seconds quantiles (histogram)",
             "derived": "plus the mean router/HTTP hand-off (difference of means), when known",
@@ -130,17 +132,21 @@ def gap(decode: str, queue: promhist.Histogram | None, handoff_mean_s: float = 0
     """The gap for ``decode`` from its queue-time histogram (over a run or a window)."""
     add = max(0.0, handoff_mean_s)
     if queue is None or queue.count <= 0:
-        return Gap(decode, 0.0, None, None, "", add)
+        return Gap(decode, 0.0, None, None, "", "", add)
     p50, p99 = promhist.quantile(queue, 0.5), promhist.quantile(queue, 0.99)
-    bound = (">=" if p99.above else "<=" if p99.below else "") if p99 else ""
     return Gap(
         decode,
         queue.count,
         p50.value + add if p50 else None,
         p99.value + add if p99 else None,
-        bound,
+        _bound(p99),
+        _bound(p50),
         add,
     )
+
+
+def _bound(q: promhist.Quantile | None) -> str:
+    return (">=" if q.above else "<=" if q.below else "") if q else ""
 
 
 def gap_from_metrics(

@@ -279,7 +279,8 @@ def _print_lease(lease: dict[str, Any]) -> None:
             continue
         out.print(
             f"KV lease {lease['lease_s']:g} s ({lease['lease_source']}); {p['decode']}: gap "
-            f"prefill done -> decode read p50 {p['gap_p50_s']:.2f} s, p99 {p['p99_bound']}"
+            f"prefill done -> decode read p50 {p['p50_bound']}{p['gap_p50_s']:.2f} s, "
+            f"p99 {p['p99_bound']}"
             f"{p['gap_p99_s']:.2f} s (estimated: decode queue time + mean hand-off)"
         )
         if p["warning"]:
