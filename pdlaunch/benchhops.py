@@ -24,7 +24,10 @@ vllm-router 0.1.17, checked in the installed packages):
   has only start-up lines); it forwards ``X-Request-Id`` to prefill and decode (its debug log
   strings "Prefill request headers: ... X-Request-Id="), and vLLM takes that header as its
   request id (entrypoints/serve/engine/serving.py:133-140), but no engine writes a per-request
-  timing line that could be joined on it (``--enable-log-requests`` logs the arrival only).
+  timing that could be joined on it: ``--enable-log-requests`` / ``--enable-log-outputs``
+  log a request's arrival and output with its id (entrypoints/serve/utils/request_logger.py:
+  37-108), stamped to the second (vllm/logger.py:33, ``%m-%d %H:%M:%S``), with no duration:
+  too coarse for hops of milliseconds, and they would log every prompt.
 
 So a per-request join is impossible with what the runtimes expose without tracing
 (``--otlp-traces-endpoint``, not rendered). This module reports each hop's p50/p99 from the
