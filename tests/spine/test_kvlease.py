@@ -131,14 +131,14 @@ def test_kv_bytes_per_token():
     assert kvlease.kv_bytes_per_token({}, 2) is None
 
 
-def _topo(tmp_path: Path, lease: int | None, max_len: int | None = 131072):
+def _topo(tmp_path: Path, lease: int | None, max_len: int | None = 131072, device: str = "cuda"):
     model = tmp_path / "m70b"
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text(json.dumps(LLAMA_70B))
     data = {
         "deployment": "t",
         "model": {"name": str(model), **({"max_model_len": max_len} if max_len else {})},
-        "prefill": [{"host": "10.0.0.1", "device": "cuda", "port": 8100}],
+        "prefill": [{"host": "10.0.0.1", "device": device, "port": 8100}],
         "decode": [{"host": "10.0.0.2", "device": "cuda", "port": 8200}],
         "router": {"host": "10.0.0.3"},
         "kv_connector": {"kind": "nixl", **({"kv_lease_duration": lease} if lease else {})},
@@ -157,6 +157,13 @@ def test_validate_warns_when_the_lease_cannot_cover_the_longest_prompt(tmp_path:
     assert _topo(tmp_path, 60) != []
     assert _topo(tmp_path, None, 4096) == []  # short prompts fit the default
     assert _topo(tmp_path, None, None) == []  # no max_model_len: nothing to judge
+
+
+def test_a_cpu_engine_in_the_pair_takes_the_slower_assumed_rate(tmp_path: Path):
+    # 42.9 GB at 0.02 GB/s (NIXL over loopback measured 0.029-0.044 GB/s here): 2147 s
+    (f,) = _topo(tmp_path, 600, device="cpu")
+    assert "assumed 0.02 GB/s" in f.message and "cpu/cuda" in f.message
+    assert "at least 4295" in f.fix
 
 
 def test_validate_is_quiet_without_a_readable_model_config(tmp_path: Path):
