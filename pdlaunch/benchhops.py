@@ -38,7 +38,7 @@ frontends) as differences of means, marked derived.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pdlaunch import promhist
@@ -154,6 +154,7 @@ class Breakdown:
     notes: tuple[str, ...] = ()
     # Histograms that went back (an engine restarted) or were missing.
     problems: tuple[str, ...] = ()
+    kv_by_decode: dict[str, KvRate] = field(default_factory=dict)  # with several decodes
 
     def hop(self, key: str) -> HopStat | None:
         return next((h for h in self.hops if h.key == key), None)
@@ -163,6 +164,7 @@ class Breakdown:
             "method": "histogram deltas over the run (no per-request join; see notes)",
             "hops": [h.to_dict() for h in self.hops],
             "kv": self.kv.to_dict() if self.kv else None,
+            "kv_by_decode": {n: r.to_dict() for n, r in self.kv_by_decode.items()},
             "notes": list(self.notes),
             "problems": list(self.problems),
         }
@@ -300,20 +302,38 @@ def breakdown(
                 derived=True,
             )
         )
-    kv = None
+    kv = _kv_rate(decodes, before, after, problems, fabric_gbps)
+    # Per decode too: a slow pair hides in the sum (the reads are counted on decode, which
+    # does not label them by prefill).
+    per_decode = {}
+    if len(decodes) > 1:
+        for name in decodes:
+            rate = _kv_rate([name], before, after, [], fabric_gbps)
+            if rate is not None:
+                per_decode[name] = rate
+    return Breakdown(tuple(hops), kv, tuple(notes), tuple(problems), per_decode)
+
+
+def _kv_rate(
+    decodes: list[str],
+    before: dict[str, str | None],
+    after: dict[str, str | None],
+    problems: list[str],
+    fabric_gbps: float | None,
+) -> KvRate | None:
     t = delta_of(XFER_TIME, decodes, before, after, problems)
     b = delta_of(XFER_BYTES, decodes, before, after, problems)
-    if t is not None and b is not None and t.count > 0:
-        q50, q99 = promhist.quantile(b, 0.5), promhist.quantile(b, 0.99)
-        kv = KvRate(
-            t.count,
-            b.sum,
-            t.sum,
-            q50.value if q50 else None,
-            q99.value if q99 else None,
-            fabric_gbps,
-        )
-    return Breakdown(tuple(hops), kv, tuple(notes), tuple(problems))
+    if t is None or b is None or t.count <= 0:
+        return None
+    q50, q99 = promhist.quantile(b, 0.5), promhist.quantile(b, 0.99)
+    return KvRate(
+        t.count,
+        b.sum,
+        t.sum,
+        q50.value if q50 else None,
+        q99.value if q99 else None,
+        fabric_gbps,
+    )
 
 
 def fabric_gbps_from_check(report: dict[str, Any]) -> float | None:

@@ -184,6 +184,8 @@ def bench_cmd(
         out.print(_summary(result))
         out.print(_hops_table(hops))
         out.print(benchhops.kv_line(hops.kv))
+        for name, rate in hops.kv_by_decode.items():
+            out.print(f"  {name}: " + benchhops.kv_line(rate))
         for note in hops.notes + hops.problems:
             err.print(Text(note, style="dim"))
         _print_lease(lease)

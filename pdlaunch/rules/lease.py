@@ -10,8 +10,8 @@ What it needs and where it comes from:
 - the read rate: pdlaunch keeps no record of `check --bandwidth`, so the rule assumes a
   conservative one per device kind, named in the finding: CPU 0.02 GB/s (NIXL over UCX on
   loopback measured 0.029-0.044 GB/s on the project machine, tests/fixtures/bench/hops and
-  README), any accelerator 1 GB/s (a TCP path of the 10 GbE class; RDMA does 10-50x that). `pdlaunch bench`
-  measures the real rate and the real gap and compares them with the lease;
+  README), any accelerator 1 GB/s (a TCP path of the 10 GbE class; RDMA does 10-50x that).
+  `pdlaunch bench` measures the real rate and the real gap and compares them with the lease;
 - the margin: 2x one read: on releases with a timer (VLLM_NIXL_ABORT_REQUEST_TIMEOUT, before
   0.22) nothing renews it while decode queues and reads; on releases with kv_lease_duration
   decode renews it by heartbeats, but only for requests it has received and after its

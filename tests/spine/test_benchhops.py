@@ -167,3 +167,17 @@ def test_the_plot_is_an_svg_with_one_row_per_hop():
     labels = [t.text for t in root.iter(f"{ns}text")]
     assert "h24h-hops <&>" in labels
     assert all(h.label in " ".join(str(x) for x in labels) for h in b.hops)
+
+
+def test_several_decodes_get_their_own_kv_rate():
+    # decode-1 replays decode-0's run; decode-2 idled through it
+    roles = {**ROLES, "decode-1": "decode", "decode-2": "decode"}
+    before, after = snap("before"), snap("after")
+    before["decode-1"], after["decode-1"] = before["decode-0"], after["decode-0"]
+    before["decode-2"] = after["decode-2"] = after["decode-0"]
+    b = benchhops.breakdown(roles, before, after)
+    assert b.kv is not None and b.kv.transfers == 80
+    assert set(b.kv_by_decode) == {"decode-0", "decode-1"}
+    one = b.kv_by_decode["decode-0"]
+    assert one.transfers == 40 and one.bytes_total * 2 == b.kv.bytes_total
+    assert run().kv_by_decode == {}  # one decode: the total is its rate
