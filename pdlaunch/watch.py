@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pdlaunch import kvlease
 from pdlaunch.health import PROMPT_TOKENS_BY_SOURCE, metric_sum
 
 REQUESTS = "vllm:request_success"
@@ -70,10 +71,23 @@ class WatchRow:
     delta: Counters
     total: Counters
     flags: list[str] = field(default_factory=list)
+    # Not (yet) wrong, but heading there: a KV lease budget running out (kvlease.py).
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.flags
+
+
+def lease_warnings(
+    process: str, role: str, before: str | None, now: str, lease: kvlease.Lease | None
+) -> list[str]:
+    """A decode whose p99 gap (prefill done -> KV read, estimated from its own /metrics over
+    the window) nears the prefills' lease, before any request expires."""
+    if role != "decode" or lease is None:
+        return []
+    warning = kvlease.budget_warning(kvlease.decode_gap(process, before, now), lease)
+    return [warning] if warning else []
 
 
 def judge(process: str, role: str, before: Counters, now: Counters) -> WatchRow:

@@ -6,14 +6,16 @@ decode instead of loaded over the KV connector (benchdisagg.py): not a PD result
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Annotated, NoReturn
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from pdlaunch import bench, benchdisagg, record
+from pdlaunch import bench, benchdisagg, benchhops, hopsplot, kvlease, record
 from pdlaunch.cli.app import (
     EXIT_FAILED,
     app,
@@ -91,9 +93,24 @@ def bench_cmd(
         typer.Option("--tokenizer", help="Tokenizer path on this host (default: the model)"),
     ] = None,
     timeout: BenchTimeoutOpt = 1800.0,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Write the result JSON (bench.json) and the per-hop plot (hops.svg) here",
+        ),
+    ] = None,
+    fabric: Annotated[
+        Path | None,
+        typer.Option(
+            "--fabric",
+            help="`pdlaunch check --bandwidth --json` output: KV GB/s as a share of it",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Benchmark a running deployment through its router (vllm bench serve, random dataset)."""
+    """Benchmark a running deployment through its router (vllm bench serve, random dataset)
+    and break its time down hop by hop from the engines' and the router's /metrics."""
     topo, _ = load_or_exit(topology, as_json)
     rec = _record(topo.deployment, as_json)
     # A Slurm job gives each node its own address at run time: the rules it was started
@@ -111,6 +128,7 @@ def bench_cmd(
         opts.check()
     except bench.BenchError as exc:
         bad_input(str(exc))
+    fabric_gbps = _fabric(fabric)
     try:
         vllm = bench.find_vllm()
         bench.check_tokenizer(opts.tokenizer or plan.model)
@@ -127,6 +145,7 @@ def bench_cmd(
 
     engines = {name: role for name, (role, _) in target.engines.items()}
     before = _metrics(target)
+    router_before = _router_metrics(target)
     # The client runs on the control host (the tokenizer and `vllm` were found here), through
     # the hosts layer like every other command pdlaunch runs.
     host = LocalHost()
@@ -140,24 +159,38 @@ def bench_cmd(
         _fail(str(exc), as_json)
     finally:
         host.close()
-    verdict = benchdisagg.judge(engines, before, _metrics(target), input_len)
+    after = _metrics(target)
+    verdict = benchdisagg.judge(engines, before, after, input_len)
+    hops, lease = _hops(target, engines, before, after, router_before, result, fabric_gbps, plan)
+    doc = {
+        "endpoint": target.base,
+        "backend": target.backend,
+        "model": plan.served_model_name,
+        "num_prompts": num_prompts,
+        "input_len": input_len,
+        "output_len": output_len,
+        "concurrency": concurrency,
+        **result.to_dict(),
+        "disaggregated": verdict.to_dict(),
+        "hops": hops.to_dict(),
+        "kv_lease": lease,
+    }
+    title = f"{plan.deployment}: {target.base} ({plan.served_model_name})"
+    saved = _save(out_dir, doc, hops, title, as_json)
     if as_json:
-        print_json(
-            {
-                "endpoint": target.base,
-                "backend": target.backend,
-                "model": plan.served_model_name,
-                "num_prompts": num_prompts,
-                "input_len": input_len,
-                "output_len": output_len,
-                "concurrency": concurrency,
-                **result.to_dict(),
-                "disaggregated": verdict.to_dict(),
-            }
-        )
+        print_json(doc)
     else:
-        out.print(_table(result, f"{plan.deployment}: {target.base} ({plan.served_model_name})"))
+        out.print(_table(result, title))
         out.print(_summary(result))
+        out.print(_hops_table(hops))
+        out.print(benchhops.kv_line(hops.kv))
+        for name, rate in hops.kv_by_decode.items():
+            out.print(f"  {name}: " + benchhops.kv_line(rate))
+        for note in hops.notes + hops.problems:
+            err.print(Text(note, style="dim"))
+        _print_lease(lease)
+        for path in saved:
+            out.print(f"wrote {path}")
     if not result.ok:
         if not as_json:
             err.print(
@@ -176,6 +209,101 @@ def bench_cmd(
         raise typer.Exit(EXIT_NOT_DISAGGREGATED)
 
 
+def _fabric(path: Path | None) -> float | None:
+    """The slowest prefill -> decode ib_write_bw average of a saved `check --bandwidth --json`
+    report (check keeps no record of it)."""
+    if path is None:
+        return None
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        bad_input(f"--fabric {path}: {exc}")
+    gbps = benchhops.fabric_gbps_from_check(report) if isinstance(report, dict) else None
+    if gbps is None:
+        bad_input(f"--fabric {path}: no ib_write_bw result (`pdlaunch check --bandwidth --json`)")
+    return gbps
+
+
+def _hops(
+    target: Target,
+    engines: dict[str, str],
+    before: dict[str, str | None],
+    after: dict[str, str | None],
+    router_before: str | None,
+    result: bench.BenchResult,
+    fabric_gbps: float | None,
+    plan: Plan,
+) -> tuple[benchhops.Breakdown, dict[str, Any]]:
+    """The per-hop breakdown of the run and, per decode, its lease gap against the lease."""
+    roles = dict(engines)
+    b, a = dict(before), dict(after)
+    if target.router_metrics is not None:
+        roles["router"] = "router"
+        b["router"], a["router"] = router_before, _router_metrics(target)
+    ttft = result.metrics.get("mean_ttft_ms")
+    hops = benchhops.breakdown(roles, b, a, ttft / 1e3 if ttft is not None else None, fabric_gbps)
+    # Prefill done -> decode's engine has the request: the hand-offs through the router and
+    # decode's HTTP frontend, known only as means (kvlease.py).
+    extra = sum(
+        h.mean_s
+        for key in ("handoff", "decode_frontend")
+        if (h := hops.hop(key)) is not None and h.mean_s is not None and h.mean_s > 0
+    )
+    lease = kvlease.plan_lease(plan)
+    pairs = []
+    for name, role in engines.items():
+        if role != "decode" or a.get(name) is None:
+            continue
+        g = kvlease.gap_from_metrics(name, b.get(name), a[name] or "", extra)
+        pairs.append({**g.to_dict(), "warning": kvlease.budget_warning(g, lease)})
+    return hops, {
+        "lease_s": lease.seconds if lease else None,
+        "lease_source": lease.source if lease else None,
+        "warn_fraction": kvlease.WARN_FRACTION,
+        "pairs": pairs,
+    }
+
+
+def _hops_table(hops: benchhops.Breakdown) -> Table:
+    table = Table(title="per hop (histogram deltas over the run; derived rows: means only)")
+    for col in ("hop", "n", "p50 ms", "p99 ms", "mean ms"):
+        table.add_column(col, justify="left" if col == "hop" else "right")
+    for row in benchhops.rows(hops):
+        table.add_row(*row)
+    return table
+
+
+def _print_lease(lease: dict[str, Any]) -> None:
+    if lease["lease_s"] is None:
+        return
+    for p in lease["pairs"]:
+        if p["gap_p99_s"] is None:
+            continue
+        out.print(
+            f"KV lease {lease['lease_s']:g} s ({lease['lease_source']}); {p['decode']}: gap "
+            f"prefill done -> decode read p50 {p['p50_bound']}{p['gap_p50_s']:.2f} s, "
+            f"p99 {p['p99_bound']}"
+            f"{p['gap_p99_s']:.2f} s (estimated: decode queue time + mean hand-off)"
+        )
+        if p["warning"]:
+            err.print(f"[yellow]warning[/]: {p['warning']}")
+
+
+def _save(
+    out_dir: Path | None, doc: dict[str, Any], hops: benchhops.Breakdown, title: str, quiet: bool
+) -> list[Path]:
+    if out_dir is None:
+        return []
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        data, plot = out_dir / bench.RESULT_FILENAME, out_dir / "hops.svg"
+        data.write_text(json.dumps(doc, indent=2) + "\n")
+        plot.write_text(hopsplot.svg(hops, title))
+    except OSError as exc:
+        _fail(f"cannot write the result to {out_dir}: {exc}", quiet)
+    return [data, plot]
+
+
 @dataclass(frozen=True)
 class Target:
     """Where the benchmark goes: the router's base URL and health URL, and each engine's
@@ -185,6 +313,7 @@ class Target:
     base: str
     health_url: str | None
     engines: dict[str, tuple[str, str | None]]
+    router_metrics: str | None = None
 
 
 def _record(deployment: str, as_json: bool) -> record.Record | None:
@@ -204,7 +333,8 @@ def _target(plan: Plan, rec: record.Record | None, as_json: bool) -> Target:
             for p in plan.processes
             if p.role in ("prefill", "decode")
         }
-        return Target(None, plan.endpoint(), plan.router.health_url, metrics)
+        router_metrics = record.metrics_url_of("router", plan.router.health_url, _router_port(plan))
+        return Target(None, plan.endpoint(), plan.router.health_url, metrics, router_metrics)
     router = rec.router
     if rec.endpoint is None or router is None:
         why = ""
@@ -213,7 +343,25 @@ def _target(plan: Plan, rec: record.Record | None, as_json: bool) -> Target:
             why += f" ({rec.handle.job_detail})" if rec.handle.job_detail else ""
         _fail(f"{plan.deployment}: its router is not running{why}", as_json)
     engines = {p.name: (p.role, p.metrics_url) for p in rec.engines()}
-    return Target(rec.backend, rec.endpoint, router.health_url, engines)
+    return Target(rec.backend, rec.endpoint, router.health_url, engines, router.metrics_url)
+
+
+def _router_port(plan: Plan) -> int | None:
+    """vllm-router's --prometheus-port in the plan's argv (None: not rendered)."""
+    argv = plan.router.argv
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--prometheus-port" and argv[i + 1].isdigit():
+            return int(argv[i + 1])
+    return None
+
+
+def _router_metrics(target: Target) -> str | None:
+    if target.router_metrics is None:
+        return None
+    try:
+        return get_text(target.router_metrics, timeout=10)
+    except OSError:
+        return None
 
 
 def _metrics(target: Target) -> dict[str, str | None]:

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from pdlaunch import health, record
+from pdlaunch import doctor, health, kvlease, record
 from pdlaunch import watch as watch_mod
 from pdlaunch.cli.app import EXIT_FAILED, failed, out, print_json
 from pdlaunch.state import StateError
@@ -32,6 +32,9 @@ def watch(deployment: str, backend: str, interval: float, count: int | None, as_
         unplaced = f"not placed: Slurm job {h.job_id} is {h.job_state}"
         unplaced += f" ({h.job_detail})" if h.job_detail else ""
 
+    lease = _lease(rec)
+    texts: dict[str, str] = {}  # the last /metrics text read of each engine
+
     def snapshot() -> dict[str, watch_mod.Counters | str]:
         snap: dict[str, watch_mod.Counters | str] = {}
         for p in engines:
@@ -41,6 +44,7 @@ def watch(deployment: str, backend: str, interval: float, count: int | None, as_
             try:
                 text = health.get_text(p.metrics_url, timeout=5.0)
                 snap[p.name] = watch_mod.Counters.parse(text)
+                texts[p.name] = text
             except OSError as exc:
                 snap[p.name] = f"no /metrics: {exc}"
         return snap
@@ -51,12 +55,19 @@ def watch(deployment: str, backend: str, interval: float, count: int | None, as_
     try:
         while count is None or done < count:
             time.sleep(interval)
+            texts_before = dict(texts)
             now = snapshot()
             rows = []
             for p in engines:
                 b, n = before.get(p.name), now.get(p.name)
                 if isinstance(b, watch_mod.Counters) and isinstance(n, watch_mod.Counters):
-                    rows.append(watch_mod.judge(p.name, p.role, b, n))
+                    row = watch_mod.judge(p.name, p.role, b, n)
+                    row.warnings.extend(
+                        watch_mod.lease_warnings(
+                            p.name, p.role, texts_before.get(p.name), texts[p.name], lease
+                        )
+                    )
+                    rows.append(row)
                 else:
                     why = n if isinstance(n, str) else str(b)
                     rows.append(
@@ -72,6 +83,16 @@ def watch(deployment: str, backend: str, interval: float, count: int | None, as_
         pass
     if seen_bad:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _lease(rec: record.Record) -> kvlease.Lease | None:
+    """The prefills' KV lease, from the recorded topology planned again (doctor does the
+    same); None when it cannot be read: no lease warning then."""
+    try:
+        plan = doctor.load_topology(doctor.resolve(rec)).plan
+    except (doctor.DoctorError, StateError, OSError, ValueError):
+        return None
+    return kvlease.plan_lease(plan) if plan is not None else None
 
 
 def print_watch(deployment: str, rows: list, interval: float, as_json: bool) -> None:
@@ -90,6 +111,7 @@ def print_watch(deployment: str, rows: list, interval: float, as_json: bool) -> 
                         "failed_transfers": r.delta.failed,
                         "expired_leases": r.delta.expired,
                         "flags": r.flags,
+                        "warnings": r.warnings,
                     }
                     for r in rows
                 ],
@@ -102,6 +124,8 @@ def print_watch(deployment: str, rows: list, interval: float, as_json: bool) -> 
     for r in rows:
         d = r.delta
         verdict = "[green]ok[/]" if r.ok else "[red]" + escape("; ".join(r.flags)) + "[/]"
+        if r.warnings:
+            verdict += " [yellow]" + escape("; ".join(r.warnings)) + "[/]"
         table.add_row(
             r.process,
             f"{d.requests:g}",

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from pdlaunch import kvlease
 from pdlaunch.doctor import nongen
 from pdlaunch.doctor.evidence import Evidence, ProcessEvidence
 from pdlaunch.doctor.signatures import Severity, Signature, signatures
@@ -121,6 +122,22 @@ CHECKS: tuple[Check, ...] = (
         "default 30 s) ran out on prefill.",
         "Raise `kv_connector.kv_lease_duration`, or add decode capacity.",
         f"{_NIXL_STATS}:266",
+    ),
+    Check(
+        "kv-lease-budget",
+        "warning",
+        ("decode",),
+        "metrics",
+        "Decode comes for its KV late enough that leases will start to expire.",
+        "The p99 gap between prefill finishing and decode reading the blocks (estimated from "
+        "decode's request_queue_time_seconds histogram plus its HTTP frontend mean; the "
+        "router's hand-off is not in any engine metric) is at least half the lease prefill "
+        "holds them for (kv_lease_duration, default 30 s; decode heartbeats renew it only "
+        "after its handshake with that prefill).",
+        "Raise `kv_connector.kv_lease_duration` above the measured p99 gap with margin, or "
+        "find what delays decode (`pdlaunch bench` breaks the time down per hop).",
+        "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py:82-88; "
+        "base_worker.py:3014-3061,3179-3195",
     ),
     Check(
         "notifications-after-expiry",
@@ -333,6 +350,23 @@ def metrics_findings(
     return out
 
 
+def lease_findings(processes: Sequence[ProcessEvidence], plan: Plan | None) -> list[Finding]:
+    """kv-lease-budget: each decode's p99 gap (over the doctor's window, else since start)
+    against the shortest lease of the plan's prefills (kvlease.py)."""
+    lease = kvlease.plan_lease(plan) if plan is not None else None
+    if lease is None:
+        return []
+    out = []
+    for p in processes:
+        if p.role != "decode" or p.metrics is None:
+            continue
+        before, after = (p.metrics, p.metrics_after) if p.metrics_after else (None, p.metrics)
+        warning = kvlease.budget_warning(kvlease.decode_gap(p.name, before, after), lease)
+        if warning:
+            out.append(CHECKS_BY_ID["kv-lease-budget"].finding(p.name, p.host, warning))
+    return out
+
+
 # -- plan -----------------------------------------------------------------------------------------
 def plan_findings(findings: Sequence[Finding], plan: Plan | None) -> list[Finding]:
     """Findings that join a log finding with the plan: a router whose pooled connections an
@@ -400,6 +434,7 @@ def diagnose_evidence(evidence: Evidence, plan: Plan | None = None) -> list[Find
     # A router warning that a /tokenize call explains is not a finding (nongen.py).
     out = nongen.explain(out, evidence.processes)
     out += plan_findings(out, plan)
+    out += lease_findings(evidence.processes, plan)
     order = {p.name: i for i, p in enumerate(evidence.processes)}
     return sorted(
         out,

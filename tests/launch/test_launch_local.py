@@ -408,6 +408,8 @@ def test_status_watch_proves_disaggregation_while_serving(make_deployment, mode)
         assert res.exit_code == 0, res.output
         assert sum(p["kv_transfer_tokens"] for p in decode) > 0
         assert all(p["flags"] == [] for p in decode)
+        # the fake engine exports no queue-time histogram: no lease estimate, no warning
+        assert all(p["warnings"] == [] for p in decode)
     else:  # the router skipped prefill: decode answers 200 and computes every prompt itself
         assert res.exit_code == 1, res.output
         assert any("NOT DISAGGREGATED" in f for p in decode for f in p["flags"]), docs
