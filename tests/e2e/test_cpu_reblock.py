@@ -475,6 +475,7 @@ def test_expired_lease_no_crash_no_wrong_tokens_reported(
     reports the late read, and `pdlaunch doctor` names both."""
     ld = lease_dep
     p0 = metrics(ld.prefill)
+    t_sent = time.monotonic()  # the lease starts later, when prefill finishes the request
     status, resp = post_json(
         ld.prefill + "/v1/completions",
         body(LEASE_PROMPT, max_tokens=1, stream=False, kv_transfer_params=dict(REMOTE_DECODE)),
@@ -482,15 +483,14 @@ def test_expired_lease_no_crash_no_wrong_tokens_reported(
     )
     assert status == 200 and isinstance(resp, dict), f"prefill: HTTP {status}: {resp}"
     params = resp["kv_transfer_params"]
-    t_prefilled = time.monotonic()
     # 300 tokens: 3 blocks of 128 re-blocked into 5 sub-blocks of 64.
     assert len(params["remote_block_ids"][0]) == -(-len(LEASE_PROMPT) // DECODE_BLOCK), params
-    deadline = t_prefilled + 120
+    deadline = time.monotonic() + 120
     while grew(p0, p1 := metrics(ld.prefill), EXPIRED) < 1 and time.monotonic() < deadline:
         time.sleep(1)
-    expired_after = round(time.monotonic() - t_prefilled, 1)
+    expired_after = round(time.monotonic() - t_sent, 1)
     assert grew(p0, p1, EXPIRED) == 1, f"no lease expiry on prefill after {expired_after}s"
-    assert expired_after >= LEASE_S - 1, expired_after  # not before the lease ran out
+    assert expired_after >= LEASE_S, expired_after  # not before the lease ran out
     assert "Releasing expired KV blocks for request" in ld.prefill_log.read_text(errors="replace")
 
     status, late = post_json(
