@@ -15,8 +15,9 @@ from pathlib import Path
 import jinja2
 
 from pdlaunch import __version__
+from pdlaunch.containers import env_names, run_argv
 from pdlaunch.fsutil import atomic_write, sync_dir
-from pdlaunch.plan import Plan
+from pdlaunch.plan import Plan, Process
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -52,6 +53,14 @@ def command(argv: list[str]) -> str:
     return " \\\n    ".join(" ".join(words) for words in lines)
 
 
+def container_argv(p: Process) -> list[str]:
+    """The process's argv inside `<runtime> run`, which passes every variable the script
+    exports by name (their values are quoted once, in the `export` lines)."""
+    assert p.container is not None
+    names = env_names(p.env, p.secret_env, p.path_prepend)
+    return [*run_argv(p.container, names), *p.argv]
+
+
 def template_environment() -> jinja2.Environment:
     """The Jinja environment of every script pdlaunch renders (SSH and Slurm): strict
     undefined names, no autoescape, and the quoting filters."""
@@ -63,7 +72,9 @@ def template_environment() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
-    env.filters.update(shquote=shquote, comment=comment, command=command)
+    env.filters.update(
+        shquote=shquote, comment=comment, command=command, container_argv=container_argv
+    )
     return env
 
 
