@@ -162,3 +162,24 @@ def pyxis_flags(c: ContainerSpec) -> list[str]:
 def env_names(env: Iterable[str], secret_env: Iterable[str], prepend: Iterable[str]) -> list[str]:
     """The variables a process script exports, in its order."""
     return _dedupe([*env, *prepend, *secret_env])
+
+
+PREPEND_PREFIX = "PDLAUNCH_PREPEND_"
+
+
+def prepend_var(key: str) -> str:
+    """The variable that carries what the plan prepends to ``key`` (LD_LIBRARY_PATH) into a
+    container, where it is prepended to the image's own value."""
+    return PREPEND_PREFIX + key
+
+
+def in_container_argv(argv: list[str], prepend_keys: list[str]) -> list[str]:
+    """``argv`` as the container runs it: with path-like variables to prepend to, a `sh` in
+    the image does it first (the image's value is only known inside), then execs argv."""
+    if not prepend_keys:
+        return list(argv)
+    sets = "".join(
+        f'export {k}="${{{prepend_var(k)}}}${{{k}:+:${k}}}"; unset {prepend_var(k)}; '
+        for k in prepend_keys
+    )
+    return ["sh", "-c", sets + 'exec "$@"', "pdlaunch-env", *argv]

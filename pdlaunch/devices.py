@@ -340,7 +340,7 @@ PROFILES: dict[str, DeviceProfile] = {
                 "/usr/local/sbin:/usr/local/sbin",
             ),
             shm_size="500g",
-            images=("mindie_dev-2.1.RC1.B152-800I-A2-py311-ubuntu22.04-aarch64",),
+            images=("mindie_dev:2.1.RC1.B152-800I-A2-py311-ubuntu22.04-aarch64",),
             k8s_resource="huawei.com/Ascend910",  # Ascend device plugin (910 and 910B)
             source=ASCEND_GUIDE,
         ),

@@ -15,7 +15,7 @@ from pathlib import Path
 import jinja2
 
 from pdlaunch import __version__
-from pdlaunch.containers import env_names, run_argv
+from pdlaunch.containers import env_names, in_container_argv, prepend_var, run_argv
 from pdlaunch.fsutil import atomic_write, sync_dir
 from pdlaunch.plan import Plan, Process
 
@@ -57,8 +57,9 @@ def container_argv(p: Process) -> list[str]:
     """The process's argv inside `<runtime> run`, which passes every variable the script
     exports by name (their values are quoted once, in the `export` lines)."""
     assert p.container is not None
-    names = env_names(p.env, p.secret_env, p.path_prepend)
-    return [*run_argv(p.container, names), *p.argv]
+    prepend = [prepend_var(k) for k in p.path_prepend]
+    names = env_names(p.env, p.secret_env, prepend)
+    return [*run_argv(p.container, names), *in_container_argv(p.argv, list(p.path_prepend))]
 
 
 def template_environment() -> jinja2.Environment:
@@ -75,6 +76,7 @@ def template_environment() -> jinja2.Environment:
     env.filters.update(
         shquote=shquote, comment=comment, command=command, container_argv=container_argv
     )
+    env.globals.update(prepend_var=prepend_var)
     return env
 
 
