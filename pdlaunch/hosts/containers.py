@@ -63,7 +63,7 @@ _ours() {  # ids of containers named $NAME carrying our deployment and process l
 _REMOVE = r"""
 ids=
 if [ -s "$CIDF" ]; then
-    read -r cid < "$CIDF" || cid=
+    cid=$(cat -- "$CIDF") || cid=  # podman writes the id without a newline
     case $cid in ''|*[!0-9a-f]*) echo "$CIDF does not hold a container id" >&2; exit 4;; esac
     ids=$cid
 fi
@@ -86,7 +86,7 @@ echo "removed$removed"
 
 _STATE = r"""
 id=
-if [ -s "$CIDF" ]; then read -r id < "$CIDF" || id=; fi
+if [ -s "$CIDF" ]; then id=$(cat -- "$CIDF") || id=; fi
 [ -n "$id" ] || id=$(_ours | head -n 1)
 [ -n "$id" ] || { echo none; exit 0; }
 _exists "$id"; rc=$?
