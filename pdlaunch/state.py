@@ -161,7 +161,9 @@ def parse_json_as(kind: type[_T], text: str) -> _T:
         raise ValueError(f"{where + ': ' if where else ''}{msg}, found {found}") from None
 
 
-def check_own_path(what: str, path: str, work_dir: str, deployment: str, *parts: str) -> None:
+def check_own_path(
+    what: str, path: str, work_dir: str, deployment: str, *parts: str
+) -> None:
     """A path a record names for pdlaunch to write or delete must be the one the plan gives
     it in the deployment's own work dir (``<base>/<deployment>/<parts>``): a record edited to
     name another file must not make `down` delete it. ValueError saying so otherwise."""

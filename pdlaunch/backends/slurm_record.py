@@ -100,7 +100,7 @@ class SlurmRecord:
         field otherwise."""
         data = json.loads(text)
         if not isinstance(data, dict) or data.get("backend") != "slurm":
-            raise ValueError('not a pdlaunch Slurm record (no "backend": "slurm")')
+            raise ValueError("not a pdlaunch Slurm record (no \"backend\": \"slurm\")")
         rec = parse_json_as(cls, text)
         if deployment is not None and rec.deployment != deployment:
             raise ValueError(

@@ -83,7 +83,6 @@ __all__ = [
     "write_job",
 ]
 
-
 # -- submit ---------------------------------------------------------------------------------------
 def _refuse_if_running(deployment: str) -> None:
     if (deployment_dir(deployment) / STATE_FILE).is_file():

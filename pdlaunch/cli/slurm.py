@@ -174,6 +174,7 @@ class SlurmFlags:
         return cls(**values)
 
 
+
 def recorded_backend(deployment: str, backend: Backend | None) -> Backend:
     """The backend `--backend` names, else the one whose record the deployment has (SSH when
     it has none: its commands say "nothing recorded" themselves)."""
