@@ -67,12 +67,6 @@ def _containers(deployment: str) -> list[dict[str, Any]]:
     return json.loads(res.stdout or "[]")
 
 
-def _named(name: str) -> list[dict[str, Any]]:
-    res = _podman("ps", "-a", "--format", "json", "--filter", f"name=^{name}$")
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout or "[]")
-
-
 def _engines_under(root: Path) -> list[str]:
     return [p.describe() for p in processes_under([str(root)]) if p.is_engine]
 
