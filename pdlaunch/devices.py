@@ -31,6 +31,40 @@ class CpuBudget:
 
 
 @dataclass(frozen=True)
+class ContainerNeeds:
+    """What an engine of this device kind needs from `docker/podman run` (topology
+    `container:`), so a user writes the image and little else. Each flag names its guide."""
+
+    # Share the host's IPC namespace (/dev/shm between engine processes and the KV
+    # transport's shared-memory segments).
+    ipc_host: bool = False
+    # --privileged: the guides' way to expose RDMA devices and vendor drivers.
+    privileged: bool = False
+    # Device nodes passed with --device (host path = container path).
+    devices: tuple[str, ...] = ()
+    # Host paths bind-mounted at the same path ("SRC:DST[:ro]" form).
+    mounts: tuple[str, ...] = ()
+    # --shm-size when the topology names none (None: the runtime's default, 64 MiB).
+    shm_size: str | None = None
+    # Variables the engine needs inside the container that vLLM's plan does not set.
+    env: tuple[tuple[str, str], ...] = ()
+    # The images the guides tested (a hint in messages and the shipped examples).
+    images: tuple[str, ...] = ()
+    # The extended resource its Kubernetes device plugin advertises (None: CPU cores).
+    k8s_resource: str | None = None
+    source: str = ""
+
+
+# The CUDA<->Gaudi guides: "Docker containers must run with --privileged --net=host --ipc=host
+# to expose InfiniBand devices and UCX transports" (hetero-pd-cuda-gaudi-nixl-rev2.md,
+# Prerequisites); --net=host pdlaunch always renders (ports are planned on the host).
+HETERO_GUIDE = "seeds/hetero-pd-cuda-gaudi-nixl-rev2.md (Prerequisites)"
+ASCEND_GUIDE = "seeds/ascend-mooncake-pd-openfuyao.md (Start Container, step 2.3)"
+# RDMA verbs devices: what UCX's ib/rc transports open (without --privileged).
+RDMA_DEVICES = ("/dev/infiniband",)
+
+
+@dataclass(frozen=True)
 class DeviceProfile:
     kind: str
     # `kv_buffer_device` in --kv-transfer-config (seed: hetero-pd-cuda-gaudi-nixl Case 1/2).
@@ -62,6 +96,7 @@ class DeviceProfile:
     probe_families: tuple[str, ...] = ()
     # Devices that are host cores: what an engine costs the host (None elsewhere).
     cpu_budget: CpuBudget | None = None
+    container: ContainerNeeds = field(default_factory=ContainerNeeds)
     source: str = ""
 
     def accepts_block_size(self, size: int) -> bool:
@@ -230,6 +265,13 @@ PROFILES: dict[str, DeviceProfile] = {
         connectors=frozenset({"nixl"}),
         env=NIXL_NODE_ENV,
         probe_families=("nvidia",),
+        container=ContainerNeeds(
+            ipc_host=True,
+            privileged=True,
+            images=("nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04",),
+            k8s_resource="nvidia.com/gpu",  # NVIDIA k8s-device-plugin
+            source=HETERO_GUIDE,
+        ),
         source="seeds/hetero-pd-cuda-gaudi-nixl-rev2.md (CUDA launch script); "
         "vllm/config/cache.py BlockSize",
     ),
@@ -251,6 +293,23 @@ PROFILES: dict[str, DeviceProfile] = {
         env=GAUDI_NIXL_ENV,
         plugin_env=GAUDI_PLUGIN_ENV,
         probe_families=("gaudi",),
+        container=ContainerNeeds(
+            ipc_host=True,
+            privileged=True,
+            # Intel Gaudi container runtime docs: the habana runtime hook mounts the
+            # accelerators named by HABANA_VISIBLE_DEVICES (all of them; pdlaunch pins an
+            # engine to its own with HABANA_VISIBLE_MODULES).
+            env=(
+                ("HABANA_VISIBLE_DEVICES", "all"),
+                ("OMPI_MCA_btl_vader_single_copy_mechanism", "none"),
+            ),
+            images=(
+                "vault.habana.ai/gaudi-docker/1.22.2/ubuntu24.04/habanalabs/pytorch-installer-2.7.1",
+            ),
+            k8s_resource="habana.ai/gaudi",  # Intel Gaudi device plugin
+            source=HETERO_GUIDE + "; Intel Gaudi docs (docker run --runtime=habana -e "
+            "HABANA_VISIBLE_DEVICES=all -e OMPI_MCA_btl_vader_single_copy_mechanism=none)",
+        ),
         source="seeds/hetero-pd-cuda-gaudi-nixl-rev2.md (Gaudi launch script); "
         "seeds/vllm-pr30448-prefill-kv-postprocess.md",
     ),
@@ -269,6 +328,22 @@ PROFILES: dict[str, DeviceProfile] = {
         can_reblock=False,
         plugin_env=ASCEND_PLUGIN_ENV,
         probe_families=("ascend",),
+        container=ContainerNeeds(
+            privileged=True,
+            # The guide's docker run, device nodes and driver mounts as written there.
+            devices=("/dev/davinci_manager", "/dev/hisi_hdc", "/dev/devmm_svm"),
+            mounts=(
+                "/dev:/dev",
+                "/usr/local/Ascend/driver:/usr/local/Ascend/driver",
+                "/usr/local/dcmi:/usr/local/dcmi",
+                "/usr/local/bin/npu-smi:/usr/local/bin/npu-smi",
+                "/usr/local/sbin:/usr/local/sbin",
+            ),
+            shm_size="500g",
+            images=("mindie_dev:2.1.RC1.B152-800I-A2-py311-ubuntu22.04-aarch64",),
+            k8s_resource="huawei.com/Ascend910",  # Ascend device plugin (910 and 910B)
+            source=ASCEND_GUIDE,
+        ),
         source="seeds/ascend-mooncake-pd-openfuyao.md (run_prefill.sh / run_decode.sh)",
     ),
     "cpu": DeviceProfile(
@@ -289,6 +364,9 @@ PROFILES: dict[str, DeviceProfile] = {
         can_reblock=True,
         layout_env=False,
         cpu_budget=CpuBudget(),
+        # UCX's shared-memory transport (ucx_tls "sm" above) maps segments in /dev/shm and
+        # reads peers' memory (CMA), so both engines share the host's IPC namespace.
+        container=ContainerNeeds(ipc_host=True, source="UCX_TLS sm: posix/sysv shm + cma"),
         probe_families=("cpu",),
         source="vllm/v1/attention/backends/cpu_attn.py; shared/notes/kv-extension.md",
     ),

@@ -18,6 +18,8 @@ from pdlaunch import facts, kvreaders
 from pdlaunch import kv as kv_extension
 from pdlaunch import kvgeometry as kv
 from pdlaunch.addresses import is_local_control_host
+from pdlaunch.containers import ContainerSpec
+from pdlaunch.containers import spec as container_spec
 from pdlaunch.devices import profile
 from pdlaunch.nodeenv import derived_env, devices_of
 from pdlaunch.plugins import default_for as plugin_default
@@ -86,6 +88,8 @@ class Process(Frozen):
     log_path: str
     pid_path: str
     secrets_path: str
+    # Run in a container (topology `container:`): the script wraps argv in `<runtime> run`.
+    container: ContainerSpec | None = None
 
     @property
     def dirs(self) -> tuple[str, ...]:
@@ -382,6 +386,10 @@ def _paths(work_dir: str, name: str) -> dict[str, str]:
     }
 
 
+def _run_dir(work_dir: str) -> str:
+    return posixpath.join(work_dir, "run")
+
+
 def _node_process(topo: Topology, node: Node, bases: dict, mooncake: dict) -> Process:
     inst = node.instance
     devices = devices_of(topo, node)
@@ -419,6 +427,9 @@ def _node_process(topo: Topology, node: Node, bases: dict, mooncake: dict) -> Pr
         health_url=health,
         devices=devices,
         work_dir=work_dir,
+        container=container_spec(
+            topo, inst.container, inst.device, node.name, node.role, _run_dir(work_dir)
+        ),
         **_paths(work_dir, node.name),
     )
 
@@ -493,6 +504,7 @@ def _router_process(topo: Topology) -> Process:
         health_url=f"http://{_url_host(r.host)}:{r.port}{_router_health_path(r.kind)}",
         devices=[],
         work_dir=work_dir,
+        container=container_spec(topo, r.container, None, "router", "router", _run_dir(work_dir)),
         **_paths(work_dir, "router"),
     )
 

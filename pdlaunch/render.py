@@ -15,8 +15,9 @@ from pathlib import Path
 import jinja2
 
 from pdlaunch import __version__
+from pdlaunch.containers import env_names, in_container_argv, prepend_var, run_argv
 from pdlaunch.fsutil import atomic_write, sync_dir
-from pdlaunch.plan import Plan
+from pdlaunch.plan import Plan, Process
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -52,6 +53,15 @@ def command(argv: list[str]) -> str:
     return " \\\n    ".join(" ".join(words) for words in lines)
 
 
+def container_argv(p: Process) -> list[str]:
+    """The process's argv inside `<runtime> run`, which passes every variable the script
+    exports by name (their values are quoted once, in the `export` lines)."""
+    assert p.container is not None
+    prepend = [prepend_var(k) for k in p.path_prepend]
+    names = env_names(p.env, p.secret_env, prepend)
+    return [*run_argv(p.container, names), *in_container_argv(p.argv, list(p.path_prepend))]
+
+
 def template_environment() -> jinja2.Environment:
     """The Jinja environment of every script pdlaunch renders (SSH and Slurm): strict
     undefined names, no autoescape, and the quoting filters."""
@@ -63,7 +73,10 @@ def template_environment() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
-    env.filters.update(shquote=shquote, comment=comment, command=command)
+    env.filters.update(
+        shquote=shquote, comment=comment, command=command, container_argv=container_argv
+    )
+    env.globals.update(prepend_var=prepend_var)
     return env
 
 

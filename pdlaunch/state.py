@@ -75,6 +75,9 @@ class ProcessState:
     pid: int | None = None
     start_time: int | None = None  # /proc/PID/stat starttime, guards against pid reuse
     started_at: float | None = None  # wall clock on the control host
+    # Its container (topology `container:`, docker/podman): runtime, name, cid_path,
+    # deployment, process (pdlaunch.hosts.containers.ContainerRef); None: a host process.
+    container: dict[str, str] | None = None
 
 
 @dataclass

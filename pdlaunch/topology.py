@@ -130,6 +130,88 @@ class HostSettings(Strict):
         return v
 
 
+ContainerRuntime = Literal["docker", "podman", "pyxis"]
+# "SRC:DST[:OPTS]" with absolute paths; OPTS is the runtime's (ro, rw, z, ...).
+MOUNT = re.compile(r"(/[^:\s]*):(/[^:\s]*)(:[A-Za-z0-9,=]+)?")
+# --device HOST[:CONTAINER[:PERMS]]
+DEVICE = re.compile(r"/[^:\s]+(:/[^:\s]+)?(:[rwm]{1,3})?")
+SHM_SIZE = re.compile(r"[0-9]{1,15}[bkmgBKMG]?")
+# An image reference: [registry/]path[:tag][@digest]; no spaces or shell-looking characters
+# (it also names a Kubernetes image and a pyxis --container-image).
+IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+#-]{0,511}")
+
+
+class Container(Strict):
+    """Run an engine (or the router) in a container. Under `defaults:` it applies to every
+    instance; an instance's (or the router's) own fields override it: a scalar replaces the
+    default's, a list adds to it. Every field is optional where it may be inherited."""
+
+    enabled: bool | None = Field(
+        None, description="false: this instance runs on the host although defaults name an image"
+    )
+    image: str | None = Field(None, description="Image with vLLM (or the router) in it")
+    runtime: ContainerRuntime | None = Field(
+        None,
+        description="docker or podman (over SSH: `<runtime> run`), pyxis (Slurm: srun "
+        "--container-image); default docker",
+    )
+    mounts: list[str] | None = Field(
+        None, description="Bind mounts, SRC:DST[:OPTS] with absolute paths (-v)"
+    )
+    devices: list[str] | None = Field(None, description="Device nodes, HOST[:CTR][:rwm] (--device)")
+    shm_size: str | None = Field(None, description="--shm-size, e.g. 500g (default: the device's)")
+    extra_args: list[str] = Field(
+        default_factory=list, description="More `run` flags, before the image"
+    )
+    pass_env: list[str] = Field(
+        default_factory=list,
+        description="Variables of the node's own environment passed in by name (--env NAME)",
+    )
+    device_flags: bool | None = Field(
+        None,
+        description="Add what the device kind needs (devices.py: --privileged, --ipc=host, "
+        "Ascend's device nodes and driver mounts); default true",
+    )
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        if v is not None and not IMAGE.fullmatch(v):
+            raise ValueError(f"{v!r} is not an image reference")
+        return v
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, v: list[str] | None) -> list[str] | None:
+        for m in v or []:
+            if not MOUNT.fullmatch(m):
+                raise ValueError(f"{m!r} is not SRC:DST[:OPTS] with absolute paths")
+        return v
+
+    @field_validator("devices")
+    @classmethod
+    def _devices(cls, v: list[str] | None) -> list[str] | None:
+        for d in v or []:
+            if not DEVICE.fullmatch(d):
+                raise ValueError(f"{d!r} is not HOST_PATH[:CONTAINER_PATH][:rwm]")
+        return v
+
+    @field_validator("shm_size")
+    @classmethod
+    def _shm(cls, v: str | None) -> str | None:
+        if v is not None and not SHM_SIZE.fullmatch(v):
+            raise ValueError(f"{v!r} is not a size such as 500g, 16m or 1073741824")
+        return v
+
+    @field_validator("pass_env")
+    @classmethod
+    def _pass_env(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not ENV_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+        return v
+
+
 class Model(Strict):
     name: str = Field(min_length=1, description="HF model id or a path on every node")
     served_name: str | None = None
@@ -154,6 +236,9 @@ class Defaults(Strict):
     ld_library_path: list[str] = Field(default_factory=list)
     gpu_memory_utilization: float = Field(0.8, gt=0, le=1)
     ucx_tls: str | None = Field(None, description="UCX_TLS (default: per device kind)")
+    container: Container | None = Field(
+        None, description="Run every engine and the router in this container (docs: README)"
+    )
 
     _env = field_validator("env")(_check_env)
 
@@ -226,6 +311,7 @@ class Instance(Strict):
     ssh: Ssh | None = None
     work_dir: str | None = None
     vllm_bin: str | None = None
+    container: Container | None = Field(None, description="Overrides defaults.container")
     vllm_version: str | None = Field(
         None,
         description="vLLM release this instance's nodes run (e.g. 0.10.2, or a source build "
@@ -344,6 +430,7 @@ class Router(Strict):
     intra_node_data_parallel_size: PositiveInt | None = None
     extra_args: list[str] = Field(default_factory=list)
     env: EnvMap = Field(default_factory=dict)
+    container: Container | None = Field(None, description="Overrides defaults.container")
 
     _env = field_validator("env")(_check_env)
 

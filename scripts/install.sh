@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # System packages the tests start for real (Debian): OpenSSH (launch/check over SSH), iproute2
-# and nftables (network-namespace hosts, firewall cases), Slurm and MUNGE (the Slurm backend).
+# and nftables (network-namespace hosts, firewall cases), Slurm and MUNGE (the Slurm backend),
+# podman and runc (engines in containers, tests/containers/; rootful, as CI runs as root).
 # Each is installed only when its command is missing, so a prepared machine is left alone.
 need=()
 have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
@@ -16,6 +17,8 @@ have ps || need+=(procps)
 have nft || need+=(nftables)
 have slurmctld || need+=(slurm-wlm)
 have munged || need+=(munge)
+have podman || need+=(podman)
+have runc || need+=(runc)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq
@@ -31,4 +34,8 @@ python3 -m venv .venv
 python -m pip install -q --upgrade pip
 python -m pip install -q -e '.[dev]'
 bash scripts/install-node-cpu.sh
+# The container tests' local image (no registry); skipped without a rootful podman.
+if [ "$(id -u)" = 0 ] && command -v podman >/dev/null 2>&1; then
+  bash scripts/container-image.sh
+fi
 echo "install.sh: done; activate with: . .venv/bin/activate"

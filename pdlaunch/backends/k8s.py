@@ -115,11 +115,15 @@ def _shape(container: Manifest) -> Manifest:
     return out
 
 
-def _image(device: str, image: ImageChoice, release: facts.Facts) -> str:
+def _image(proc: Process, image: ImageChoice, release: facts.Facts) -> str:
+    """The command line's image, else the topology's `container.image`, else the default."""
+    device = proc.device or "cpu"
     if isinstance(image, str):
         return image
     if image is not None and device in image:
         return image[device]
+    if proc.container is not None:
+        return proc.container.image
     default = DEFAULT_IMAGES[device]
     if default is None:
         raise ExportError(
@@ -134,7 +138,7 @@ def _role(
 ) -> RoleTemplate:
     shapes = []
     for nodes in _instances(plan, role):
-        img = _image(nodes[0].device or "cpu", image, ctx.vllm[nodes[0].name])
+        img = _image(nodes[0], image, ctx.vllm[nodes[0].name])
         leader = engine_container(nodes[0], ctx, img, True, notes)
         # Worker k listens on side channels base + k x ranks per node: one template lists
         # them only when there is one worker.
@@ -176,8 +180,8 @@ def _role(
         role=role,
         instances=tuple(nodes[0].instance for nodes, _, _ in shapes),
         size=len(first_nodes),
-        leader=pod_template(leader, pod_labels),
-        worker=pod_template(worker, pod_labels) if worker else None,
+        leader=pod_template(leader, pod_labels, first_nodes[0].container),
+        worker=pod_template(worker, pod_labels, first_nodes[0].container) if worker else None,
         leaders_only=any(p.health_url is None for p in plan.by_role(role)),
     )
 
@@ -270,7 +274,9 @@ def build(
         plan,
         ctx,
         roles,
-        router_image or DEFAULT_ROUTER_IMAGE.format(version=facts.router().version),
+        router_image
+        or (plan.router.container.image if plan.router.container else None)
+        or DEFAULT_ROUTER_IMAGE.format(version=facts.router().version),
         notes,
     )
     keys = sorted({src for p in plan.processes for src in p.secret_env.values()})

@@ -22,18 +22,17 @@ from pdlaunch.backends.k8s_types import (
     Token,
     WorkerRank,
 )
+from pdlaunch.containers import ContainerSpec
+from pdlaunch.devices import device_kinds, profile
 from pdlaunch.nodeenv import VISIBLE_DEVICE_VARS
 from pdlaunch.plan import Process
 from pdlaunch.ports import PortKind
 
-# Extended resources the vendors' device plugins advertise, one unit per device: NVIDIA
-# k8s-device-plugin, the Intel Gaudi device plugin, the Ascend device plugin (910 and 910B).
-# A CPU instance asks for none: its cores are the kubelet's to give.
+# Extended resources the vendors' device plugins advertise, one unit per device (devices.py
+# ContainerNeeds.k8s_resource: NVIDIA k8s-device-plugin, the Intel Gaudi device plugin, the
+# Ascend device plugin). A CPU instance asks for none: its cores are the kubelet's to give.
 DEVICE_RESOURCES: dict[str, str | None] = {
-    "cuda": "nvidia.com/gpu",
-    "hpu": "habana.ai/gaudi",
-    "npu": "huawei.com/Ascend910",
-    "cpu": None,
+    kind: profile(kind).container.k8s_resource for kind in device_kinds()
 }
 # The variables the plan derives for one machine's devices, cores or interfaces. In a pod the
 # device plugin exposes only the pod's own devices (renumbered from 0) and the kubelet owns
@@ -231,11 +230,69 @@ def engine_container(
     if proc.health_url:
         container.update(probes(proc.health_url, startup=True))
     container["volumeMounts"] = [_SHM_MOUNT]
+    if proc.container is not None:
+        apply_container_spec(container, proc.container)
     return container
 
 
-def pod_template(container: Manifest, pod_labels: dict[str, str]) -> Manifest:
+def _volume_name(i: int) -> str:
+    return f"host-{i}"
+
+
+def _host_paths(spec: ContainerSpec) -> list[tuple[str, str, bool]]:
+    """(host path, container path, read-only) of each mount and device node."""
+    out = []
+    for m in spec.mounts:
+        parts = m.split(":")
+        out.append((parts[0], parts[1], len(parts) > 2 and "ro" in parts[2].split(",")))
+    for d in spec.devices:
+        parts = d.split(":")
+        out.append(
+            (parts[0], parts[1] if len(parts) > 1 and parts[1].startswith("/") else parts[0], False)
+        )
+    return out
+
+
+def apply_container_spec(container: Manifest, spec: ContainerSpec) -> None:
+    """The topology's `container:` as container fields: its mounts and device nodes mounted
+    from hostPath volumes (pod_template adds them), --privileged as the security context,
+    the device kind's variables. The pod keeps its own network (pods dial each other's
+    address)."""
+    for i, (_, dst, ro) in enumerate(_host_paths(spec)):
+        mount: Manifest = {"name": _volume_name(i), "mountPath": dst}
+        if ro:
+            mount["readOnly"] = True
+        container["volumeMounts"].append(mount)
+    if spec.privileged:
+        container["securityContext"] = {"privileged": True}
+    if spec.env:
+        extra = [{"name": k, "value": literal(v)} for k, v in spec.env.items()]
+        container["env"] = [*container["env"], *extra]
+
+
+def _k8s_quantity(size: str) -> str:
+    # docker's 500g is Kubernetes' 500Gi (docker sizes are binary multiples).
+    unit = size[-1].lower()
+    if not unit.isalpha():
+        return size
+    return size[:-1] + {"b": "", "k": "Ki", "m": "Mi", "g": "Gi"}[unit]
+
+
+def pod_template(
+    container: Manifest, pod_labels: dict[str, str], spec: ContainerSpec | None = None
+) -> Manifest:
+    """A pod of ``container``; ``spec``: its topology `container:` (hostPath volumes, the
+    size of /dev/shm)."""
+    shm: Manifest = {"name": _SHM_VOLUME["name"], "emptyDir": dict(_SHM_VOLUME["emptyDir"])}
+    if spec is not None and spec.shm_size:
+        shm["emptyDir"]["sizeLimit"] = _k8s_quantity(spec.shm_size)
+    volumes: list[Manifest] = [shm]
+    if spec is not None:
+        volumes += [
+            {"name": _volume_name(i), "hostPath": {"path": src}}
+            for i, (src, _, _) in enumerate(_host_paths(spec))
+        ]
     return {
         "metadata": {"labels": dict(pod_labels)},
-        "spec": {"containers": [container], "volumes": [_SHM_VOLUME]},
+        "spec": {"containers": [container], "volumes": volumes},
     }

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 
 from pdlaunch import __version__
 from pdlaunch.addresses import host_key
+from pdlaunch.containers import pyxis_flags
 from pdlaunch.devices import profile
 from pdlaunch.hosts.shell import EXEC_OWNED
 from pdlaunch.plan import Plan, Process
@@ -266,6 +267,14 @@ def _runtime_engine(p: Process, comps: list[Component]) -> Process:
     return p.model_copy(update={"env": env, "argv": argv})
 
 
+def _in_step(p: Process) -> Process:
+    """A process whose srun step already runs in its pyxis container execs its argv there
+    (its script is the same as without a container)."""
+    if p.container is not None and p.container.runtime == "pyxis":
+        return p.model_copy(update={"container": None})
+    return p
+
+
 def runtime_plan(plan: Plan) -> Plan:
     """The plan with every value Slurm decides at run time replaced by a placeholder."""
     text = plan.model_dump_json()
@@ -276,7 +285,7 @@ def runtime_plan(plan: Plan) -> Plan:
         )
     comps = components(plan)
     procs = []
-    for p in plan.processes:
+    for p in map(_in_step, plan.processes):
         if p.role == "router":
             procs.append(p.model_copy(update={"argv": _runtime_router_argv(plan, comps)}))
         else:
@@ -396,6 +405,8 @@ class _Step:
     var: str = "-"
     devs: str = "-"
     bind: str = "-"
+    # pyxis's srun flags when the process runs in a pyxis container (containers.py).
+    container: tuple[str, ...] = ()
 
 
 def _step(p: Process, c: Component, node: int, het: bool) -> _Step:
@@ -417,7 +428,19 @@ def _step(p: Process, c: Component, node: int, het: bool) -> _Step:
         var=var if var and var in p.env else "-",
         devs=",".join(str(d) for d in p.devices) if var and var in p.env else "-",
         bind=p.env.get(CPU_BIND, "-"),
+        container=_pyxis(p),
     )
+
+
+def _pyxis(p: Process) -> tuple[str, ...]:
+    """srun flags of a process in a pyxis container: the image's, plus the work dir mounted
+    at its own path (the step's scripts and logs are there) and entered."""
+    c = p.container
+    if c is None or c.runtime != "pyxis":
+        return ()
+    work = f"{p.work_dir}:{p.work_dir}"
+    spec = c.model_copy(update={"mounts": list(dict.fromkeys([work, *c.mounts]))})
+    return (*pyxis_flags(spec), f"--container-workdir={p.work_dir}")
 
 
 def output_pattern(path: str) -> str:

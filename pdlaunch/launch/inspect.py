@@ -9,7 +9,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from pdlaunch import health
-from pdlaunch.hosts import ConnectOptions, HostPool, parallel
+from pdlaunch.hosts import ConnectOptions, HostError, HostPool, containers, parallel
+from pdlaunch.hosts.containers import ContainerRef
 from pdlaunch.hosts.pool import Opener
 from pdlaunch.state import DeploymentState, ProcessState, StateError, load_state
 
@@ -62,6 +63,17 @@ def status(
             }
             if row["error"] is None:
                 row["alive"] = ps.name in found.alive
+            if ps.container is not None:
+                # The container runs on without its client (`run` killed): alive all the same.
+                row["container"] = _container_state(pool, ps)
+                if row["container"] == "running":
+                    row["alive"] = True
+                    if ps.name not in found.alive:
+                        row["health"] = "container running without its client"
+                        if ps.health_url:
+                            probe = health.probe(ps.health_url, timeout=5.0).describe()
+                            row["health"] += f"; {probe}"
+                        return row
             if row["left_running"]:
                 pids = " ".join(map(str, row["left_running"]))
                 row["health"] = f"partly dead: leader gone, still running: {pids}"
@@ -80,6 +92,14 @@ def status(
 
         rows = parallel(one, state.processes)
     return state, rows
+
+
+def _container_state(pool: HostPool, ps: ProcessState) -> str:
+    assert ps.container is not None
+    try:
+        return containers.state(proc_host(pool, ps), ContainerRef.from_json(ps.container))
+    except HostError as exc:
+        return f"unknown: {exc}"
 
 
 def logs(

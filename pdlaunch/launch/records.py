@@ -15,7 +15,9 @@ import time
 from dataclasses import dataclass, field
 
 from pdlaunch import health, render
+from pdlaunch.containers import ENGINE_RUNTIMES, LABEL_DEPLOYMENT
 from pdlaunch.hosts import Host, HostError, HostPool, parallel
+from pdlaunch.hosts.containers import ContainerRef
 from pdlaunch.hosts.pool import HostKey, host_key
 from pdlaunch.plan import Plan, Process
 from pdlaunch.render import RenderedFile
@@ -76,7 +78,16 @@ def process_state(p: Process, script: RenderedFile | None) -> ProcessState:
         health_url=p.health_url,
         ports=[x.port for x in p.ports],
         script_hash=file_hashes([script])[script.name] if script is not None else "",
+        container=container_ref(p),
     )
+
+
+def container_ref(p: Process) -> dict[str, str] | None:
+    """What `down` and `status` need to find the process's container (docker/podman)."""
+    c = p.container
+    if c is None or c.runtime not in ENGINE_RUNTIMES:
+        return None
+    return ContainerRef(c.runtime, c.name, c.cid_path, c.labels[LABEL_DEPLOYMENT], p.name).to_json()
 
 
 def unrecorded_state(plan: Plan, status: str = "stopping") -> DeploymentState:

@@ -10,9 +10,11 @@ from pdlaunch.hosts import (
     HostError,
     HostPool,
     ProcessSurvived,
+    containers,
     parallel,
     sh_quote_path,
 )
+from pdlaunch.hosts.containers import ContainerRef
 from pdlaunch.state import DeploymentState, ProcessState
 
 from .model import STOP_ORDER, Reporter, View
@@ -46,6 +48,10 @@ def stop_processes(
                     view.state = "stopping"
                     reporter.update()
                 _stop_patiently(host, ps, grace)
+            if ps.container is not None:
+                # Also when the runtime's client was gone (killed, or never recorded): the
+                # container runs on without it. Proven removed, or HostError.
+                containers.remove(host, ContainerRef.from_json(ps.container), grace)
             host.run(f"rm -f -- {sh_quote_path(ps.secrets_path)}", timeout=60)
             with lock:
                 ps.pid = None

@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from pdlaunch import health
-from pdlaunch.hosts import CommandTimeout, HostError, HostPool, Upload, parallel
+from pdlaunch.hosts import CommandTimeout, HostError, HostPool, Upload, containers, parallel
 from pdlaunch.hosts.pool import MAX_WORKERS, HostKey, Opener
 from pdlaunch.hosts.shell import exec_owned_script
 from pdlaunch.interrupts import Signalled, signal_name, signals_interrupt
@@ -475,6 +475,18 @@ def _stop_or_keep(
         )
 
 
+def _check_images(run: _Run, plan: Plan) -> None:
+    """Every docker/podman image on its node before anything starts (run never pulls)."""
+    missing = containers.plan_images(plan.processes, lambda p: proc_host(run.pool, p))
+    if missing:
+        raise LaunchError(
+            "container image(s) missing: "
+            + "; ".join(msg for _, msg in missing)
+            + " (load or pull them on those nodes first)",
+            [Failure("(image)", host, msg) for host, msg in missing],
+        )
+
+
 def _file(opts: UpOptions) -> str:
     return opts.topology_path or "FILE"
 
@@ -500,6 +512,7 @@ def _up_steps(
             f"cannot reach {len(errors)} host(s): {msg}",
             [Failure("(host)", h, e) for h, e in errors.items()],
         )
+    _check_images(run, plan)
     reporter.step("uploading scripts")
     run.uploaded = True
     try:

@@ -7,7 +7,7 @@ versions.py (what is rendered for each instance's vLLM release, and P/D release 
 """
 
 # Each module registers its rules on import.
-from pdlaunch.rules import args, cluster, cpu, cpu_isa, kv, lease, versions  # noqa: F401
+from pdlaunch.rules import args, cluster, container, cpu, cpu_isa, kv, lease, versions  # noqa: F401
 from pdlaunch.rules.base import (
     KV_UTILS,
     NIXL,

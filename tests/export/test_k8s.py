@@ -502,7 +502,17 @@ def test_library_paths_are_prepended_to_the_images_own(stand_in_vllm: Path):
 
 def test_device_resources_and_images_per_kind():
     assert set(k8s.DEVICE_RESOURCES) == set(PROFILES) == set(k8s.DEFAULT_IMAGES)
-    plan, _ = plan_of(with_vllm_router(topology_data("gaudi-prefill-cuda-decode.yaml")))
+    data = with_vllm_router(topology_data("gaudi-prefill-cuda-decode.yaml"))
+    # The shipped example names the guide's images (`container:`): the export uses them ...
+    shipped = role_specs(build(plan_of(data)[0]).objects)
+    guide = "vault.habana.ai/gaudi-docker/1.22.2/ubuntu24.04/habanalabs/pytorch-installer-2.7.1"
+    assert templates(shipped["prefill"])[0]["spec"]["containers"][0]["image"] == guide
+    # ... and without them, hpu has no default.
+    data.get("defaults", {}).pop("container", None)
+    for inst in data["prefill"] + data["decode"]:
+        inst.pop("container", None)
+    data["router"].pop("container", None)
+    plan, _ = plan_of(data)
     with pytest.raises(ExportError, match="no default image for hpu"):
         build(plan)
     specs = role_specs(build(plan, image={"hpu": HPU_IMAGE}).objects)

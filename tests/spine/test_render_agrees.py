@@ -9,15 +9,17 @@ import json
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from pdlaunch.addresses import host_key, is_ip_literal
+from pdlaunch.containers import prepend_var
 from pdlaunch.load import load, load_text
 from pdlaunch.plan import build_plan
-from pdlaunch.render import render_plan
+from pdlaunch.render import container_argv, render_plan
 from pdlaunch.rules import has_errors, validate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -222,17 +224,30 @@ def test_rendered_scripts_agree_with_header_and_plan(loader):
         # prepended, secrets exported by name only.
         names = [k for k, _ in s["exports"]]
         assert len(names) == len(set(names)), f"{p['name']}: exported twice: {names}"
-        plain = {k: v for k, v in s["exports"] if v is not None and k not in p["path_prepend"]}
+        proc = plan.processes[procs.index(p)]
+        # In a container the path-like variables travel as PDLAUNCH_PREPEND_<NAME>, prepended
+        # inside to the image's own value (containers.in_container_argv).
+        prepended = {
+            (prepend_var(k) if proc.container else k): (k, parts)
+            for k, parts in p["path_prepend"].items()
+        }
+        plain = {k: v for k, v in s["exports"] if v is not None and k not in prepended}
         assert plain == p["env"]
         # ... in the plan's order (plan.json sorts keys; the Process keeps the order).
-        ordered = list(plan.processes[procs.index(p)].env)
+        ordered = list(proc.env)
         assert [k for k, _ in s["exports"] if k in p["env"]] == ordered
-        for key, parts in p["path_prepend"].items():
-            assert dict(s["exports"])[key] == ":".join(parts) + f"${{{key}:+:${key}}}"
+        for exported, (key, parts) in prepended.items():
+            tail = "" if proc.container else f"${{{key}:+:${key}}}"
+            assert dict(s["exports"])[exported] == ":".join(parts) + tail
         assert {k for k, v in s["exports"] if v is None} == set(p["secret_env"])
         assert not set(p["secret_env"]) & set(p["env"])
 
-        # Argv: the exec line is the plan's argv, word for word.
+        # Argv: the exec line is the plan's argv, word for word (in a container: the
+        # runtime's `run`, then the plan's argv as its last words).
+        if proc.container is not None:
+            assert argv == container_argv(proc)
+            assert argv[len(argv) - len(p["argv"]) :] == p["argv"]
+            argv = p["argv"]
         assert argv == p["argv"]
 
         if p["role"] == "router":
@@ -324,6 +339,29 @@ FAKE = """#!/bin/bash
 printf '%s\\0' "$0" "$@" > "$FAKE_OUT.argv"
 env -0 > "$FAKE_OUT.env"
 """
+# `docker`/`podman` for processes in a container: exec the command after the image with only
+# what a container gets (the --env variables; PATH and FAKE_OUT as the image's own).
+FAKE_RUNTIME = """#!{python}
+import os, sys
+args = sys.argv[1:]
+if args[:1] == ["container"]:
+    sys.exit(1)  # no earlier container
+VALUED = {{"--name", "--cidfile", "--label", "--shm-size", "--device", "-v", "--env", "-e"}}
+env = {{"PATH": os.environ["PATH"], "FAKE_OUT": os.environ["FAKE_OUT"]}}
+i = 1
+while args[i].startswith("-"):
+    if args[i] in VALUED:
+        if args[i] in ("--env", "-e"):
+            name, eq, val = args[i + 1].partition("=")
+            if eq:
+                env[name] = val
+            elif name in os.environ:
+                env[name] = os.environ[name]
+        i += 2
+    else:
+        i += 1
+os.execvpe(args[i + 1], args[i + 1:], env)
+"""
 SECRET_VALUE = 's3cr\'et "v"\nline'
 BASH_OWN = {"PATH", "FAKE_OUT", "PWD", "SHLVL", "_", "OLDPWD"}
 
@@ -336,6 +374,9 @@ def test_bash_execs_exactly_the_plan(loader, tmp_path):
     fakebin.mkdir()
     for name in {Path(p.argv[0]).name for p in plan.processes}:
         (fakebin / name).write_text(FAKE)
+        (fakebin / name).chmod(0o755)
+    for name in {p.container.runtime for p in plan.processes if p.container}:
+        (fakebin / name).write_text(FAKE_RUNTIME.format(python=sys.executable))
         (fakebin / name).chmod(0o755)
     scripts = {f.name: f.content for f in render_plan(plan)}
     ran = 0
@@ -360,6 +401,8 @@ def test_bash_execs_exactly_the_plan(loader, tmp_path):
         )
         want = dict(p.env)
         want.update({k: ":".join(parts) for k, parts in p.path_prepend.items()})
+        if p.container is not None:
+            want.update(p.container.env)  # what the device kind needs inside
         want.update(dict.fromkeys(p.secret_env, SECRET_VALUE))
         assert {k: got.get(k) for k in want} == want, p.name
         assert set(got) - set(want) <= BASH_OWN, (p.name, set(got) - set(want) - BASH_OWN)

@@ -57,6 +57,38 @@ with open(os.environ["PDLAUNCH_FAKE_OUT"], "w", encoding="utf-8") as f:
 # --------------------------------------------------------------------------- running
 
 
+# A stand-in `docker`/`podman` for the shipped examples whose engines run in containers: `run`
+# execs the command after the image with only what the container would get (the variables
+# passed by --env, the fake image's PATH, and its own LD_LIBRARY_PATH, INHERITED_LD, as an
+# image's); `container inspect` finds no earlier container.
+FAKE_RUNTIME = """#!{python}
+import os, sys
+args = sys.argv[1:]
+if args[:1] == ["container"]:
+    sys.exit(1)
+assert args[0] == "run", args
+VALUED = {{"--name", "--cidfile", "--label", "--shm-size", "--device", "-v", "--env", "-e"}}
+env = {{"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": {inherited!r},
+        "PDLAUNCH_FAKE_OUT": os.environ["PDLAUNCH_FAKE_OUT"]}}
+i = 1
+while args[i].startswith("-"):
+    flag = args[i]
+    if flag in VALUED:
+        value = args[i + 1]
+        if flag in ("--env", "-e"):
+            name, eq, val = value.partition("=")
+            if eq:
+                env[name] = val
+            elif name in os.environ:
+                env[name] = os.environ[name]
+        i += 2
+    else:
+        i += 1
+argv = args[i + 1:]
+os.execvpe(argv[0], argv, env)
+"""
+
+
 @dataclass
 class Ran:
     argv: list[str]
@@ -70,6 +102,10 @@ def fakebin(tmp_path: Path) -> Path:
     for name in ("vllm", "vllm-router", "python"):
         exe = bin_dir / name
         exe.write_text(FAKE.format(python=sys.executable))
+        exe.chmod(0o755)
+    for name in ("docker", "podman"):
+        exe = bin_dir / name
+        exe.write_text(FAKE_RUNTIME.format(python=sys.executable, inherited=INHERITED_LD))
         exe.chmod(0o755)
     return bin_dir
 
@@ -624,8 +660,16 @@ def test_gb200_router_matches_seed(gb200_ran):
 # --------------------------------------------------------------------------- fixtures
 
 SEED_EXCERPTS = {
-    HETERO: {"toy-proxy", "case1-cuda", "case1-gaudi", "case2-cuda", "case2-gaudi"},
-    ASCEND: {"run_prefill.sh", "run_decode.sh", "proxy"},
+    # prerequisites / docker-run: the containers (tests/containers/test_container_render.py)
+    HETERO: {
+        "toy-proxy",
+        "case1-cuda",
+        "case1-gaudi",
+        "case2-cuda",
+        "case2-gaudi",
+        "prerequisites",
+    },
+    ASCEND: {"run_prefill.sh", "run_decode.sh", "proxy", "docker-run"},
     GB200: {"environment", "decode-environment", "serve-arguments", "router"}
     | {"prefill-master", "prefill-worker", "additional-prefill", "decode-master", "decode-worker"},
 }

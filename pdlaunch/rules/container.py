@@ -1,0 +1,192 @@
+"""Rules about `container:` settings: an image is named, the `run` flags pdlaunch manages are
+not given twice, and what a device kind needs in a container (devices.py ContainerNeeds) is not
+switched off or contradicted."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+
+from pdlaunch.containers import settings
+from pdlaunch.devices import RDMA_DEVICES, profile
+from pdlaunch.load import FieldPath
+from pdlaunch.rules.base import SEED_ASCEND, SEED_HETERO, Finding, error, rule, warning
+from pdlaunch.topology import Container, Instance, Topology
+
+SOURCE = "pdlaunch render (containers.py run_argv)"
+# Flags the rendered `run` sets itself: giving them again would break what `down` relies on
+# (--name, --cidfile, foreground) or contradict the planned host ports.
+MANAGED = {
+    "--name": "the container is named pdl-<deployment>-<process> so status/down find it",
+    "--cidfile": "down removes exactly the container whose id --cidfile wrote",
+    "--rm": "rendered already",
+    "-d": "the engine runs in the script's foreground (pid, log and health tracking)",
+    "--detach": "the engine runs in the script's foreground (pid, log and health tracking)",
+    "-p": "every planned port is a host port (--net=host); publishing means another network",
+    "--publish": "every planned port is a host port (--net=host)",
+    "-P": "every planned port is a host port (--net=host)",
+    "--pull": "up checks the image on each node first; run never pulls (--pull=never)",
+    "--entrypoint": "the plan's argv is the command; an entrypoint would run instead",
+}
+NETWORK = ("--net", "--network")
+RDMA = RDMA_DEVICES[0]
+
+
+def _once(fn: Callable[[Topology], Iterator[Finding]]) -> Callable[[Topology], Iterator[Finding]]:
+    """A default's setting is every instance's: its finding is reported once."""
+
+    @functools.wraps(fn)
+    def wrapped(topo: Topology) -> Iterator[Finding]:
+        seen: set[tuple[FieldPath, str]] = set()
+        for f in fn(topo):
+            if (f.field, f.message) not in seen:
+                seen.add((f.field, f.message))
+                yield f
+
+    return wrapped
+
+
+def _flag(arg: str) -> str:
+    return arg.split("=", 1)[0]
+
+
+def _value(args: list[str], i: int) -> str | None:
+    arg = args[i]
+    if "=" in arg:
+        return arg.split("=", 1)[1]
+    return args[i + 1] if i + 1 < len(args) else None
+
+
+def _users(topo: Topology) -> Iterator[tuple[FieldPath, Container | None, Instance | None]]:
+    for role, i, inst in topo.instances():
+        yield (role, i, "container"), inst.container, inst
+    yield ("router", "container"), topo.router.container, None
+
+
+def _where(field: FieldPath, own: Container | None, key: str) -> FieldPath:
+    """The field a finding points at: the instance's own setting if it has it, else the
+    default's."""
+    if own is not None and key in own.model_fields_set:
+        return (*field, key)
+    return ("defaults", "container", key)
+
+
+@rule("container-image", "a process run in a container names its image", SOURCE)
+@_once
+def container_image(topo: Topology) -> Iterator[Finding]:
+    for field, own, _ in _users(topo):
+        c = settings(topo, own)
+        if c is not None and not c.image:
+            yield error(
+                "container-image",
+                (*field, "image") if own is not None else ("defaults", "container", "image"),
+                "container settings without an image: nothing to run the engine in",
+                "name the image (e.g. image: vllm/vllm-openai:v0.10.2), or set enabled: false "
+                "to run this instance on the host",
+                SOURCE,
+            )
+
+
+@rule("container-flags", "container extra_args leave pdlaunch's own run flags alone", SOURCE)
+@_once
+def container_flags(topo: Topology) -> Iterator[Finding]:
+    for field, own, inst in _users(topo):
+        c = settings(topo, own)
+        if c is None:
+            continue
+        args = c.extra_args
+        needs = profile(inst.device).container if inst is not None else None
+        for i, arg in enumerate(args):
+            flag = _flag(arg)
+            if flag in MANAGED:
+                yield error(
+                    "container-flags",
+                    _where(field, own, "extra_args"),
+                    f"extra_args gives {flag}: {MANAGED[flag]}",
+                    f"remove {arg} from container.extra_args",
+                    SOURCE,
+                )
+            elif flag in NETWORK and _value(args, i) != "host":
+                yield error(
+                    "container-flags",
+                    _where(field, own, "extra_args"),
+                    f"{arg} takes the container off the host network, but every port the plan "
+                    "gives it (HTTP, KV side channel, DP RPC) is dialled on the host's address",
+                    f"remove {arg}: pdlaunch renders --net=host",
+                    f"{SOURCE}; {SEED_HETERO} (containers run with --net=host)",
+                )
+            elif (
+                flag == "--ipc" and _value(args, i) != "host" and inst and needs and needs.ipc_host
+            ):
+                yield error(
+                    "container-flags",
+                    _where(field, own, "extra_args"),
+                    f"{arg}: a {inst.device} engine needs the host's IPC namespace "
+                    "(shared memory of the KV transport)",
+                    f"remove {arg} (pdlaunch renders --ipc=host for {inst.device})",
+                    needs.source,
+                )
+
+
+def _gives(c: Container, *flags: str) -> bool:
+    return any(_flag(a) in flags for a in c.extra_args)
+
+
+@rule(
+    "container-device",
+    "a container gets the devices and namespaces its device kind needs",
+    f"{SEED_HETERO}; {SEED_ASCEND}",
+)
+@_once
+def container_device(topo: Topology) -> Iterator[Finding]:
+    """With device_flags: false the user writes every flag; what the device kind needs
+    (devices.py) must still be there, by the guide's flags or an equivalent."""
+    for field, own, inst in _users(topo):
+        c = settings(topo, own)
+        if c is None or inst is None or c.device_flags is not False:
+            continue
+        needs = profile(inst.device).container
+        missing: list[str] = []
+        if needs.privileged and not _gives(c, "--privileged"):
+            given = {d.split(":")[0] for d in c.devices or []}
+            if needs.devices:
+                missing += [f"--device {d}" for d in needs.devices if d not in given]
+            elif "ib" in (profile(inst.device).ucx_tls or "").split(",") and not any(
+                d == RDMA or d.startswith(RDMA + "/") for d in given
+            ):
+                missing.append(f"--privileged or --device {RDMA} (RDMA for UCX ib/rc)")
+        if needs.ipc_host and not _gives(c, "--ipc"):
+            missing.append("--ipc=host")
+        if missing:
+            yield error(
+                "container-device",
+                _where(field, own, "device_flags"),
+                f"device_flags is false, and the container of this {inst.device} instance "
+                f"lacks what the device needs: {'; '.join(missing)}",
+                "add them to container.devices / extra_args, or drop device_flags: false "
+                "(pdlaunch then adds them)",
+                needs.source,
+            )
+
+
+@rule("container-model-mount", "the model path is mounted into the container", SOURCE)
+@_once
+def container_model_mount(topo: Topology) -> Iterator[Finding]:
+    for field, own, inst in _users(topo):
+        c = settings(topo, own)
+        if c is None or inst is None or not c.image:
+            continue
+        path = inst.model_path or topo.model.name
+        if not path.startswith("/"):
+            continue  # a Hugging Face id: fetched (or cached) inside
+        own_mounts = [*(c.mounts or []), *profile(inst.device).container.mounts]
+        mounts = [m.split(":")[1] for m in own_mounts]
+        if not any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounts):
+            yield warning(
+                "container-model-mount",
+                _where(field, own, "mounts"),
+                f"the model path {path} is under none of the container's mounts: it must be "
+                f"in the image {c.image}",
+                f"mount it, e.g. mounts: ['{path}:{path}:ro']",
+                SOURCE,
+            )
