@@ -307,8 +307,10 @@ PROFILES: dict[str, DeviceProfile] = {
                 "vault.habana.ai/gaudi-docker/1.22.2/ubuntu24.04/habanalabs/pytorch-installer-2.7.1",
             ),
             k8s_resource="habana.ai/gaudi",  # Intel Gaudi device plugin
-            source=HETERO_GUIDE + "; Intel Gaudi docs (docker run --runtime=habana -e "
-            "HABANA_VISIBLE_DEVICES=all -e OMPI_MCA_btl_vader_single_copy_mechanism=none)",
+            source=HETERO_GUIDE + "; Intel Gaudi docs: docs.habana.ai Orchestration/"
+            "Multiple_Tenants_on_HPU/Multiple_Dockers_each_with_Single_Workload (docker run "
+            "--runtime=habana -e HABANA_VISIBLE_DEVICES=...), intel.com developer/platform/gaudi/"
+            "model-performance (-e OMPI_MCA_btl_vader_single_copy_mechanism=none --ipc=host)",
         ),
         source="seeds/hetero-pd-cuda-gaudi-nixl-rev2.md (Gaudi launch script); "
         "seeds/vllm-pr30448-prefill-kv-postprocess.md",
