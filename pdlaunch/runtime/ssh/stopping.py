@@ -13,9 +13,9 @@ from pdlaunch.hosts import (
     parallel,
     sh_quote_path,
 )
+from pdlaunch.runtime.lifecycle.model import STOP_ORDER, Reporter, View
 from pdlaunch.state import DeploymentState, ProcessState
 
-from .model import STOP_ORDER, Reporter, View
 from .records import proc_host
 
 
