@@ -23,7 +23,7 @@ everything at once simply does so at the first.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -67,10 +67,10 @@ class Launch(ABC):
         """Put the scripts, secret env files and work dirs where the processes will run."""
 
     @abstractmethod
-    def start(self, stage: str, procs: list[Process], on_started: Callable[..., None]) -> None:
+    def start(self, stage: str, procs: list[Process]) -> dict[str, int | None]:
         """Start ``procs`` (the processes of ``stage`` not adopted), recording each before the
-        next starts; ``on_started(name, pid=None, detail="")`` for each. LaunchError naming
-        the process that could not be started."""
+        next starts; the pids it knows (for the live view). LaunchError naming the process
+        that could not be started. Returns, not calls back: the lifecycle updates its view."""
 
     @abstractmethod
     def health_url(self, p: Process) -> str | None:

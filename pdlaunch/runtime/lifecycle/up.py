@@ -172,10 +172,18 @@ def _steps(run: Run, t0: float) -> UpResult:
         fresh = [p for p in procs if p.name not in launch.adopted]
         reporter.step(f"starting {len(fresh)} {stage} process(es)")
 
-        def started(name: str, pid: int | None = None, detail: str = "") -> None:
-            run.set(name, "starting", detail, pid=pid)
-
-        launch.start(stage, fresh, started)
+        for p in fresh:
+            run.set(p.name, "starting", "launching")
+        try:
+            pids = launch.start(stage, fresh)
+        except LaunchError as exc:
+            for f in exc.failures:
+                if f.name in run.views:
+                    run.set(f.name, "failed", f.reason)
+            raise
+        for p in fresh:
+            run.set(p.name, "starting", "waiting for health" if p.health_url else "",
+                    pid=pids.get(p.name))  # fmt: skip
         reporter.step(f"waiting for {stage} health")
         run.wait_healthy(procs)
     healthy_s = time.monotonic() - t0

@@ -16,7 +16,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from pdlaunch.backends import slurm
@@ -132,22 +132,21 @@ class SlurmLaunch(Launch):
         reporter.step("writing the job's files")
         self.driver = write_job(self.plan, self.sopts, self.opts.environ)
 
-    def start(self, stage: str, procs: list[Process], on_started: Callable[..., None]) -> None:
+    def start(self, stage: str, procs: list[Process]) -> dict[str, int | None]:
         if self.rec is not None or not procs:
-            return  # submitted at the first stage: the driver starts the rest itself
+            return {}  # submitted at the first stage: the driver starts the rest itself
         assert self.driver is not None
         job_id = jobs.sbatch(self.plan, self.driver, self.digest)
         self.handle["job_id"] = job_id
         self.rec = _load(self.plan.deployment)
         if self.rec is None:
             raise LaunchError(f"the record of job {job_id} vanished")
-        for p in self.plan.processes:
-            on_started(p.name, detail=f"job {job_id}: waiting for the allocation")
         try:
             info = jobs.wait_running(job_id, max(1.0, self.deadline - time.monotonic()))
         except SlurmRunError as exc:
             raise LaunchError(str(exc), self.context()) from None
         self.urls = jobs.endpoints(self.rec, info)
+        return {}  # pids are Slurm's business (its steps), on the nodes
 
     def context(self) -> list[Failure]:
         if self.rec is None:

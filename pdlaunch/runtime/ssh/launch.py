@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from pdlaunch.hosts import CommandTimeout, HostError, HostPool, Upload, parallel
@@ -180,13 +179,11 @@ class SshLaunch(Launch):
 
         parallel(one, by_host.values())
 
-    def start(
-        self, stage: str, procs: list[Process], on_started: Callable[..., None]
-    ) -> None:
+    def start(self, stage: str, procs: list[Process]) -> dict[str, int | None]:
+        pids: dict[str, int | None] = {}
 
         def one(p: Process) -> None:
             host = proc_host(self.pool, p)
-            on_started(p.name, detail="launching")
             started = host.start_tracked(
                 exec_owned_script(p.script_path),  # the pid is the engine's own
                 pid_file=p.pid_path,
@@ -202,7 +199,7 @@ class SshLaunch(Launch):
             # On disk before anything else starts: a kill -9 of pdlaunch right now must still
             # leave `down` a record (and the pid file on the host covers the gap before this).
             self.save()
-            on_started(p.name, pid=pid, detail="waiting for health" if p.health_url else "")
+            pids[p.name] = pid
 
         errors: list[tuple[Process, BaseException]] = []
 
@@ -220,6 +217,7 @@ class SshLaunch(Launch):
                 f"{p.name} on {p.host} could not be started: {exc}",
                 [Failure(p.name, p.host, str(exc), p.log_path, log_tail(host, p.log_path))],
             )
+        return pids
 
     def command_timeout(self) -> float:
         """What is left of --timeout for one host command (at least 1 s, at most 60 s)."""
