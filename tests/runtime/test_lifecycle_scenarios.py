@@ -5,8 +5,9 @@ router (tests/fake_bins_support.py).
 
 up, status and a second up that keeps what runs (adopt) / down / an engine that exits: rolled
 back, nothing left, no record / SIGINT during up: exit 130, rolled back / kill -9 of pdlaunch
-in the middle of up, then `down` finds and stops everything / status while a node does not
-answer: exit 1, that process named, no traceback.
+in the middle of up, then `down` finds and stops everything, or a second `up` adopts what the
+first one started / status while a node does not answer: exit 1, that process named, no
+traceback.
 """
 
 from __future__ import annotations
@@ -264,6 +265,33 @@ def test_down_after_kill_9_of_pdlaunch_in_the_middle_of_up(world: World) -> None
     r = pdl("down", "sc-kill", "--json")
     assert r.rc == 0 and r.json()["ok"], r
     nothing_left(world, "sc-kill", work)
+
+
+def test_up_after_kill_9_of_pdlaunch_adopts_what_the_first_one_started(world: World) -> None:
+    path, work = world.topology("sc-adopt", decode_env={"FAKE_VLLM_DELAY": "15"})
+    proc = spawn("up", path, *world.up_flags, "--timeout", "300")
+    try:
+        wait_started(world, "sc-adopt", proc)
+        proc.kill()
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    before = world.record_file("sc-adopt").read_text()
+    engines = sorted(procs_under(work))
+    try:
+        r = pdl("up", path, *world.up_flags, "--timeout", "120", "--json")
+        assert r.rc == 0 and r.json()["changed"] is True, r
+        if world.backend == "slurm":  # the job the killed `up` submitted, not a second one
+            assert r.json()["job_id"] == json.loads(before)["job_id"], r
+        else:  # the engines it started run on; only the router was started now
+            assert set(engines) <= set(procs_under(work)), (engines, procs_under(work))
+        st = pdl("status", "sc-adopt", "--json")
+        assert st.rc == 0 and st.json()["healthy"], st
+    finally:
+        r = pdl("down", "sc-adopt")
+    assert r.rc == 0, r
+    nothing_left(world, "sc-adopt", work)
 
 
 def test_status_names_the_process_whose_node_does_not_answer(world: World) -> None:

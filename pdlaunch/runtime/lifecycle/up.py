@@ -56,7 +56,7 @@ class Run:
 
     def wait_healthy(self, procs: list[Process]) -> None:
         """Until every process answers 200 on /health where it really listens (headless ones:
-        alive), any exits, or the deadline passes. Fails fast on the first failure."""
+        alive), any exits (fail fast), or the deadline passes (every one not healthy named)."""
         abort = threading.Event()
         failures: list[Failure] = []
         launch = self.launch
@@ -95,11 +95,13 @@ class Run:
             if out.status == readiness.EXITED:
                 reason = "exited during start"
                 self.set(p.name, "failed", reason)
+                abort.set()  # fail fast: the others need not be waited for
             else:
+                # No abort: the others reach the same deadline now, and each that is not
+                # healthy is named with its own last answer.
                 reason = f"not healthy before the deadline ({out.detail} at {url})"
                 self.set(p.name, "failed", "health deadline passed")
             failures.append(self.failure(p, reason))
-            abort.set()
 
         # Own executor: on Ctrl-C the watchers must stop at once, not at the deadline, so
         # `abort` is set before waiting for them.
@@ -111,6 +113,8 @@ class Run:
             abort.set()
             executor.shutdown(wait=True)
         if failures:
+            order = {p.name: i for i, p in enumerate(procs)}
+            failures.sort(key=lambda f: order.get(f.name, len(order)))  # plan order, not racy
             first = failures[0]
             more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
             raise LaunchError(

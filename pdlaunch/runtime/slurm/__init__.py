@@ -106,16 +106,22 @@ class SlurmLaunch(Launch):
                 f"deployment's job ({why}). {by_hand(dep, record_path(dep))}"
             )
         same = rec.scripts_hash == self.digest
-        if same and info.running and rec.status == "up" and not self.opts.replace:
+        if same and info.running and not self.opts.replace:
             self.rec, self.handle["job_id"] = rec, rec.job_id
             self.urls = jobs.endpoints(rec, info)
-            return UpResult(
-                changed=False,
-                message=f"{dep} is already up and unchanged (Slurm job {rec.job_id} "
-                f"{info.state}); nothing to do",
-                endpoint=self._router_base(),
-                handle=dict(self.handle),
-            )
+            if rec.status == "up":
+                return UpResult(
+                    changed=False,
+                    message=f"{dep} is already up and unchanged (Slurm job {rec.job_id} "
+                    f"{info.state}); nothing to do",
+                    endpoint=self._router_base(),
+                    handle=dict(self.handle),
+                )
+            # The same job, left by an `up` that did not finish (killed, or its shell gone):
+            # kept and waited for, as SSH adopts running processes of the same scripts.
+            reporter.step(f"adopting Slurm job {rec.job_id} ({info.state}, the same job)")
+            self.adopted = frozenset(p.name for p in self.plan.processes)
+            return None
         if not self.opts.replace:
             differs = "runs" if same else "runs a different job"
             raise LaunchError(
@@ -129,6 +135,8 @@ class SlurmLaunch(Launch):
         return None
 
     def provision(self, reporter: Reporter) -> None:
+        if self.adopted:
+            return  # the adopted job runs its files already
         reporter.step("writing the job's files")
         self.driver = write_job(self.plan, self.sopts, self.opts.environ)
 
@@ -179,9 +187,13 @@ class SlurmLaunch(Launch):
         save_record(self.rec)
 
     def started(self) -> list[str]:
-        return [p.name for p in self.plan.processes] if self.rec is not None else []
+        if self.rec is None or self.adopted:
+            return []  # an adopted job ran before this `up`: it is not ours to cancel
+        return [p.name for p in self.plan.processes]
 
     def stop_started(self, reporter: Reporter, views: dict[str, View], grace: float) -> list[str]:
+        if self.adopted:
+            return []
         if self.rec is None:  # nothing submitted (or not recorded: sbatch cancelled it)
             left = remove_secrets(self.plan)
             return [f"secrets file {path} could not be removed" for path in left]
