@@ -206,9 +206,10 @@ def test_up_status_adopt_down(world: World) -> None:
         assert r.rc == 0 and again["changed"] is False, r
         assert "already up and unchanged" in again["message"], again
         assert again["endpoint"] == first["endpoint"]
-        assert sorted(procs_under(work)) == pids
-        if world.backend == "slurm":
+        if world.backend == "slurm":  # the same job (its steps' helpers come and go)
             assert again["job_id"] == first["job_id"]
+        else:  # the same processes
+            assert sorted(procs_under(work)) == pids
 
         r = pdl("logs", "sc-up", "prefill-0", "-n", "5")
         assert r.rc == 0 and r.stdout.strip(), r

@@ -230,7 +230,9 @@ def test_an_engine_port_answering_garbage_fails_up_and_cancels_the_job(
     port = int(prefill.health_url.rsplit(":", 1)[1].split("/")[0])
     server = _Garbage(port)
     try:
-        res = slurm_rt.up(plan, _opts(), timeout=4, canary=False, environ=_environ())
+        # 10 s: the decode (nothing runs it under the stand-in Slurm) is waited for until the
+        # deadline too, and every process not healthy then is named.
+        res = slurm_rt.up(plan, _opts(), timeout=10, canary=False, environ=_environ())
     finally:
         server.close()
     assert not res.ok and res.error.rolled_back, res.message
