@@ -63,10 +63,11 @@ from netns_relay import (  # noqa: E402
     rtt_lines,
 )
 
-from pdlaunch import launch  # noqa: E402
 from pdlaunch.check.results import Status  # noqa: E402
 from pdlaunch.check.runner import CheckOptions, run_check  # noqa: E402
-from pdlaunch.hosts import ConnectOptions, HostPool  # noqa: E402
+from pdlaunch.hosts import ConnectOptions  # noqa: E402
+from pdlaunch.runtime import lifecycle as launch  # noqa: E402
+from pdlaunch.runtime.ssh import SshRuntime  # noqa: E402
 
 GOAL = 1.3
 
@@ -189,7 +190,8 @@ PHASES = (
     ("preflight check", "preflight"),
     ("connecting", "connect"),
     ("uploading", "upload"),
-    ("starting the router", "router"),
+    ("starting 1 router", "router"),  # the lifecycle's stages: "starting N <stage> ..."
+    ("waiting for router", "router"),
     ("starting", "start"),
     ("waiting", "health"),
 )
@@ -216,8 +218,8 @@ def preflight(plan, connect: ConnectOptions):
     """What the CLI's `up` runs before starting anything (cli/launch.py ``_preflight``): the
     fast check on `up`'s own connected hosts."""
 
-    def run(pool: HostPool) -> None:
-        report = run_check(plan, CheckOptions(fast=True, connect=connect), pool=pool)
+    def run(launch_) -> None:  # the SSH runtime's Launch: its pool is connected
+        report = run_check(plan, CheckOptions(fast=True, connect=connect), pool=launch_.pool)
         if report.failed:
             bad = [
                 f"{r.probe} {r.target}: {r.message}"
@@ -247,7 +249,7 @@ def run_one(path: Path, cluster: RelayedCluster, check: bool) -> dict[str, float
     hosts0, relay0 = cluster.hosts_cpu(n), cluster.relay_cpu()
     with count_ssh() as counts:
         t0, cpu0 = time.perf_counter(), own_cpu()
-        result = launch.up(plan, opts, steps)
+        result = launch.up(SshRuntime(connect), plan, opts, steps)
         end, cpu_s = time.perf_counter(), own_cpu() - cpu0
         up_s = end - t0
     if not result.changed:
@@ -256,11 +258,7 @@ def run_one(path: Path, cluster: RelayedCluster, check: bool) -> dict[str, float
     hosts_cpu = cluster.hosts_cpu(n) - hosts0
     relay_cpu = cluster.relay_cpu() - relay0
     t1 = time.perf_counter()
-    launch.down(  # raises when something could not be stopped
-        plan.deployment,
-        connect=connect,
-        grace=5,
-    )
+    launch.down(SshRuntime(connect), plan.deployment, grace=5)  # raises if something is left
     down_s = time.perf_counter() - t1
     return {
         "healthy_s": result.healthy_s,

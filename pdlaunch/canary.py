@@ -26,7 +26,7 @@ prompt, and reported as unproven if that keeps happening.
 
 The request/verdict logic is here and I/O-light (HTTP through :mod:`pdlaunch.health`); which
 engines to pair, and which doctor findings explain a failure, the callers decide
-(``pdlaunch.launch.canary`` for ``up``, ``pdlaunch.cli.canary`` for ``pdlaunch canary``).
+(``pdlaunch.runtime.lifecycle.canary`` for ``up``, ``pdlaunch.cli.canary`` for ``pdlaunch canary``).
 """
 
 from __future__ import annotations

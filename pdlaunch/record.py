@@ -245,11 +245,12 @@ def placement(srec: Any) -> tuple[dict[str, tuple[str | None, str | None]], str,
     RecordError when the job the record names is not this deployment's (an edited or stale
     record: its nodes would be taken for the deployment's)."""
     # The Slurm client; imported only when a Slurm record is placed.
-    from pdlaunch.backends import slurm_record, slurm_run
+    from pdlaunch.backends import slurm_record
+    from pdlaunch.runtime.slurm import jobs as slurm_jobs
 
     try:
-        info = slurm_run.job_info(srec.job_id)
-        if info.active and (why := slurm_run.not_ours(srec)):
+        info = slurm_jobs.job_info(srec.job_id)
+        if info.active and (why := slurm_jobs.not_ours(srec)):
             path = slurm_record.record_path(srec.deployment)
             raise RecordError(
                 f"the record {path} names job {srec.job_id}, which is not this deployment's "
@@ -257,8 +258,8 @@ def placement(srec: Any) -> tuple[dict[str, tuple[str | None, str | None]], str,
             )
         if not info.running:
             return {}, info.state, info.detail
-        urls = slurm_run.endpoints(srec, info)
-    except slurm_run.SlurmRunError as exc:
+        urls = slurm_jobs.endpoints(srec, info)
+    except slurm_jobs.SlurmRunError as exc:
         return {}, UNKNOWN, str(exc)
     placed: dict[str, tuple[str | None, str | None]] = {}
     for p in srec.processes:

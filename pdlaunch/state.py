@@ -233,7 +233,7 @@ def remove_state(deployment: str) -> None:
         (deployment_dir(deployment) / STATE_FILE).unlink()
 
 
-# The Slurm backend's record (pdlaunch.backends.slurm_run takes the name from here, so this
+# The Slurm backend's record (pdlaunch.runtime.slurm takes the name from here, so this
 # module, below every backend, imports none of them).
 SLURM_RECORD_FILE = "slurm.json"
 

@@ -43,6 +43,7 @@ if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
 from pdlaunch.hosts import SshHost, SshSettings, open_host  # noqa: E402
 from tests.fake_bins_support import fake_bins  # noqa: E402, F401 - fixture
 from tests.netns_fixtures import netns, netns_cluster  # noqa: E402, F401 - fixtures
+from tests.slurm.fixtures import slurm_cluster  # noqa: E402, F401 - fixture
 from tests.sshd import SshdCluster, SshdError, SshdHost  # noqa: E402
 
 

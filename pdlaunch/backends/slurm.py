@@ -74,7 +74,7 @@ class SlurmOptions:
     given its own topology hosts); None lets Slurm pick. ``role_partitions``: a partition per
     role (a component holding both roles uses ``partition``). ``gpus_per_node`` /
     ``cpus_per_node``: what the partition offers, when known (the rules compare the plan with
-    it; `slurm_run.partition_limits` reads it from ``sinfo``). ``gres``: the GRES name per
+    it; `slurm_client.partition_limits` reads it from ``sinfo``). ``gres``: the GRES name per
     non-CUDA accelerator kind (Gaudi and Ascend sites name theirs). ``start_timeout``: seconds
     the driver waits for each process's health before it ends the job.
     """

@@ -64,6 +64,8 @@ class SlurmRecord:
     components: list[list[str]]  # per component: its topology hosts
     processes: list[ProcessRecord]
     status: str = "submitted"  # submitted | up | failed
+    # the hash of the job's rendered files: a second `up` of the same topology keeps the job
+    scripts_hash: str = ""
     submitted_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
     backend: str = "slurm"

@@ -27,12 +27,9 @@ OPTION_BACKENDS: dict[str, frozenset[str]] = {
     "--known-hosts": SSH,
     "--ssh-config": SSH,
     # What `up`/`down` over SSH do on the hosts: Slurm stops a job by scancel (its own
-    # signal and KillWait), has no preflight of pdlaunch's, and `up` never replaces a job.
+    # signal and KillWait) and has no preflight of pdlaunch's.
     "--grace": SSH,
     "--skip-check": SSH,
-    "--replace": SSH,
-    # The Slurm job's canary is one request through the router (backends/slurm_run.py).
-    "--canary-scope": SSH,
     # sbatch and the Slurm placement rules.
     "--partition": SLURM,
     "--nodelist": SLURM,
@@ -59,6 +56,9 @@ EVERY_BACKEND = frozenset(
         "--out",  # export k8s's old spelling of --output
         "--timeout",
         "--canary",
+        # the one lifecycle (runtime/lifecycle) reads them on every runtime
+        "--canary-scope",
+        "--replace",
         "--watch",
         "--interval",
         "--count",
@@ -70,7 +70,7 @@ EVERY_BACKEND = frozenset(
 )
 
 # What to do instead, where the refusal alone does not say it.
-_HINTS = {"--replace": "`pdlaunch down` first, then `up`"}
+_HINTS: dict[str, str] = {}
 
 
 def long_name(param: Any) -> str:

@@ -140,7 +140,7 @@ def _min_prompt_tokens(state: DeploymentState) -> int:
     """As `up` sends: more than two of the largest prefill block (the plan of the recorded
     topology; 0 when it cannot be planned again, and the prompt stays its default size)."""
     from pdlaunch.doctor.collect import load_topology
-    from pdlaunch.launch.canary import max_prefill_block
+    from pdlaunch.runtime.lifecycle.canary import max_prefill_block
 
     plan = load_topology(state).plan
     return 2 * max_prefill_block(plan) + 1 if plan is not None else 0

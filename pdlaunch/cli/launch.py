@@ -1,7 +1,8 @@
-"""Commands that start and supervise deployments: `up`, `down`, `status`, `logs`. Exit codes:
-0 done, 1 failed operation (or, for `status`, not every process alive and healthy), 2 unreadable
-input, 130 `up` interrupted. With `--backend slurm` (or, for a recorded deployment, a Slurm
-record) each hands over to :mod:`pdlaunch.cli.slurm`."""
+"""Commands that start and supervise deployments: `up`, `down`, `status`, `logs`, on every
+runtime. Exit codes: 0 done, 1 failed operation (or, for `status`, not every process alive
+and healthy), 2 unreadable input, 130 `up` interrupted. Each picks the runtime (`--backend` on
+`up`, the record on the others: :func:`runtime_for`) and calls the one lifecycle
+(:mod:`pdlaunch.runtime.lifecycle`); only the options and the printing are here."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from pdlaunch import launch
 from pdlaunch.check.runner import CheckOptions, run_check
 from pdlaunch.cli import slurm as slurm_cli
 from pdlaunch.cli import watch_cmd as watch_cli
@@ -61,10 +62,16 @@ from pdlaunch.cli.slurm import (
     TimeOpt,
 )
 from pdlaunch.cli.targets import resolve_deployment
-from pdlaunch.hosts import HostError, HostPool
+from pdlaunch.hosts import HostError
 from pdlaunch.hosts.options import ConnectOptions
 from pdlaunch.plan import Plan
+from pdlaunch.runtime import lifecycle as launch
+from pdlaunch.runtime.base import Runtime
+from pdlaunch.runtime.slurm import SlurmRuntime
+from pdlaunch.runtime.ssh import SshRuntime
 from pdlaunch.state import StateError, load_state
+
+ERRORS = (launch.LaunchError, StateError, HostError)
 
 # `--grace` on `up` (stopping on rollback or --replace) and on `down`.
 UpGraceOpt = Annotated[
@@ -165,6 +172,7 @@ def _print_failure(exc: launch.LaunchError) -> None:
 def _failure_json(exc: Exception) -> dict[str, Any]:
     data: dict[str, Any] = {"ok": False, "error": str(exc)}
     if isinstance(exc, launch.LaunchError):
+        data.update(exc.handle)
         data["rolled_back"] = exc.rolled_back
         data["failures"] = [
             {
@@ -179,9 +187,14 @@ def _failure_json(exc: Exception) -> dict[str, Any]:
     return data
 
 
-def _preflight(plan: Plan, connect: ConnectOptions, pool: HostPool, as_json: bool) -> None:
+def runtime_for(backend: str, connect: ConnectOptions | None = None) -> Runtime:
+    """The runtime of a backend name (`--backend`, or the one a record names)."""
+    return SlurmRuntime() if backend == "slurm" else SshRuntime(connect)
+
+
+def _preflight(plan: Plan, connect: ConnectOptions, launch_: Any, as_json: bool) -> None:
     # on `up`'s own connected hosts: no second SSH connection (and handshake) per host
-    report = run_check(plan, CheckOptions(fast=True, connect=connect), pool=pool)
+    report = run_check(plan, CheckOptions(fast=True, connect=connect), pool=launch_.pool)
     if report.failed:
         if as_json:
             print_json({"ok": False, "check": [r.to_dict() for r in report.results]})
@@ -243,34 +256,39 @@ def up_cmd(
     With --backend slurm: run the Slurm placement rules too, submit one batch job, wait for
     its processes' health, check one request, record the job."""
     flags = SlurmFlags.of(locals())
-    if check_chosen(ctx, backend.value if backend else None) == "slurm":
-        slurm_cli.up(topology, flags, timeout=timeout, canary=canary, as_json=as_json)
-        return
+    chosen = check_chosen(ctx, backend.value if backend else None)
     if canary_scope not in ("all", "router"):
         bad_input(f"--canary-scope {canary_scope!r}: expected all or router")
-    # A running Slurm job of this deployment is the first thing to say (before rules the
-    # SSH backend adds, e.g. side-channel-host for Slurm node names).
-    slurm_cli.refuse_ssh_up(resolve_deployment(str(topology), as_json))
-    plan = plan_or_exit(topology, as_json)
-    connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
     opts = launch.UpOptions(
         timeout=timeout,
         canary=canary_scope if canary else "off",
         replace=replace,
-        connect=connect,
         stop_grace=grace,
         topology_path=str(topology.resolve()),
+    )
+    if chosen == "slurm":
+        opts.slurm = slurm_cli.options(flags, as_json=as_json)
+        plan, _, _ = slurm_cli.validated(topology, opts.slurm, as_json)
+        runtime = runtime_for("slurm")
+    else:
+        # A running Slurm job of this deployment is the first thing to say (before rules the
+        # SSH backend adds, e.g. side-channel-host for Slurm node names).
+        slurm_cli.refuse_ssh_up(resolve_deployment(str(topology), as_json))
+        plan = plan_or_exit(topology, as_json)
+        connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
+        opts.connect = connect
         # `up` runs it once it has proven nothing of the deployment runs (a running one
         # holds its own ports, which the port probe would report as taken).
-        preflight=None if skip_check else lambda pool: _preflight(plan, connect, pool, as_json),
-    )
+        if not skip_check:
+            opts.preflight = lambda launch_: _preflight(plan, connect, launch_, as_json)
+        runtime = runtime_for("ssh", connect)
     reporter = RichReporter(err, enabled=not as_json)
     try:
         with reporter:
-            result = launch.up(plan, opts, reporter)
-    except (launch.LaunchError, StateError, HostError) as exc:
+            result = launch.up(runtime, plan, opts, reporter)
+    except ERRORS as exc:
         if as_json:
-            print_json(_failure_json(exc))
+            print_json({"backend": runtime.name, **_failure_json(exc)})
         elif isinstance(exc, launch.Interrupted):
             _print_failure(exc)  # its message says what was rolled back and what is left
         elif isinstance(exc, launch.LaunchError):
@@ -287,6 +305,8 @@ def up_cmd(
         print_json(
             {
                 "ok": True,
+                "backend": result.backend,
+                **result.handle,
                 "changed": result.changed,
                 "message": result.message,
                 "endpoint": result.endpoint,
@@ -314,6 +334,8 @@ def up_cmd(
     table.add_column()
     for name, url in result.endpoints:
         table.add_row(name, url)
+    for key, value in result.handle.items():  # e.g. the Slurm job id
+        table.add_row(key.replace("_", " "), str(value))
     out.print(table)
 
 
@@ -336,31 +358,23 @@ def down_cmd(
     deployment = resolve_deployment(target, as_json)
     which = slurm_cli.recorded_backend(deployment, backend)
     check_recorded(ctx, which.value, backend is not None, deployment)
-    if which is slurm_cli.Backend.slurm:
-        slurm_cli.down(deployment, as_json)
-        return
     connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
     plan = None
+    if which is slurm_cli.Backend.ssh:
+        try:
+            readable = load_state(deployment) is not None
+        except StateError:
+            # A damaged record: with the topology file, the SSH runtime finds the processes
+            # by their pid files instead; without it, it says so.
+            readable = False
+        if not readable and target is not None and Path(target).is_file():
+            plan = plan_or_exit(Path(target), as_json)
+    runtime = runtime_for(which.value, connect)
     try:
-        readable = load_state(deployment) is not None
-    except StateError:
-        # A damaged record: with the topology file, launch.down finds the processes by
-        # their pid files instead; without it, it says so.
-        readable = False
-    if not readable and target is not None and Path(target).is_file():
-        plan = plan_or_exit(Path(target), as_json)
-    reporter = RichReporter(err, enabled=False)
-    try:
-        result = launch.down(
-            deployment,
-            plan=plan,
-            connect=connect,
-            grace=grace,
-            reporter=reporter,
-        )
-    except (launch.LaunchError, StateError, HostError) as exc:
+        result = launch.down(runtime, deployment, plan=plan, grace=grace)
+    except ERRORS as exc:
         if as_json:
-            print_json(_failure_json(exc))
+            print_json({"backend": runtime.name, **_failure_json(exc)})
         else:
             print_error(str(exc))
         raise typer.Exit(EXIT_FAILED) from None
@@ -368,9 +382,13 @@ def down_cmd(
         print_json(
             {
                 "ok": True,
+                "backend": runtime.name,
                 "deployment": deployment,
                 "stopped": result.stopped,
                 "message": result.message,
+                # Slurm: the job cancelled (None when nothing was recorded) and what is left
+                **({"job_id": None, "left": []} if runtime.name == "slurm" else {}),
+                **result.handle,
             }
         )
     else:
@@ -424,60 +442,72 @@ def status_cmd(
     if watch:
         watch_cli.watch(deployment, which.value, interval, count, as_json)
         return
-    if which is slurm_cli.Backend.slurm:
-        slurm_cli.status(deployment, as_json)
     connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
+    runtime = runtime_for(which.value, connect)
     try:
-        state, rows = launch.status(
-            deployment,
-            connect=connect,
-        )
-    except (launch.LaunchError, StateError, HostError) as exc:
+        report = launch.status(runtime, deployment)
+    except ERRORS as exc:
         failed(str(exc))
-    if state is None:
+    if report is None:
         if as_json:
             print_json({"deployment": deployment, "recorded": False, "processes": []})
         else:
-            out.print(f"{deployment}: not running (nothing recorded)")
+            what = "no Slurm job recorded" if runtime.name == "slurm" else "not running"
+            out.print(f"{deployment}: {what} (nothing recorded)")
         raise typer.Exit(EXIT_FAILED)
-    good = all(r["alive"] and r["health"] in ("healthy", "headless") for r in rows)
+    seen = report.observation
     if as_json:
         print_json(
             {
                 "deployment": deployment,
                 "recorded": True,
-                "status": state.status,
-                "endpoint": state.endpoint,
-                "healthy": good,
-                "processes": rows,
+                "backend": runtime.name,
+                "status": seen.status,
+                "endpoint": report.endpoint,
+                "healthy": report.healthy,
+                **seen.handle,
+                "processes": report.rows,
             }
         )
     else:
-        table = Table(title=f"{deployment} ({state.status}) {state.endpoint}")
-        for col in ("process", "host", "pid", "alive", "health", "uptime"):
-            table.add_column(col, overflow="fold")
-        for r in rows:
-            alive = (
-                "[green]yes[/]"
-                if r["alive"]
-                else "[red]partly[/]"
-                if r.get("left_running")
-                else "[red]no[/]"
-                if r["alive"] is False
-                else f"[yellow]?[/] {r['error'] or ''}"
-            )
-            hl = r["health"] or ""
-            hstyle = "green" if hl in ("healthy", "headless") else "red"
-            table.add_row(
-                r["process"],
-                r["host"],
-                str(r["pid"] or ""),
-                alive,
-                f"[{hstyle}]{hl}[/]",
-                _uptime(r["uptime_s"]),
-            )
-        out.print(table)
-    raise typer.Exit(EXIT_OK if good else EXIT_FAILED)
+        _print_status(report)
+    raise typer.Exit(EXIT_OK if report.healthy else EXIT_FAILED)
+
+
+def _print_status(report: launch.StatusReport) -> None:
+    seen = report.observation
+    title = escape(seen.title)
+    if seen.backend == "slurm":  # the job's state, coloured, and where the router listens
+        style = "green" if seen.running else "red"
+        job = seen.handle["job"]
+        title = title.replace(f" {job['state']}", f" [{style}]{job['state']}[/]", 1)
+        if report.endpoint:
+            title += f" {report.endpoint}"
+    out.print(title)  # not a table title: that wraps at the table's width
+    table = Table()
+    for col in ("process", "host", "pid", "alive", "health", "uptime"):
+        table.add_column(col, overflow="fold")
+    for r in report.rows:
+        alive = (
+            "[green]yes[/]"
+            if r["alive"]
+            else "[red]partly[/]"
+            if r.get("left_running")
+            else "[red]no[/]"
+            if r["alive"] is False
+            else f"[yellow]?[/] {r['error'] or ''}"
+        )
+        hl = r["health"] or ""
+        hstyle = "green" if hl in ("healthy", "headless") else "red"
+        table.add_row(
+            r["process"],
+            r["host"] or "",
+            str(r["pid"] or ""),
+            alive,
+            f"[{hstyle}]{escape(hl)}[/]",
+            _uptime(r["uptime_s"]),
+        )
+    out.print(table)
 
 
 @app.command("logs")
@@ -507,20 +537,12 @@ def logs_cmd(
         bad_input("usage: pdlaunch logs [TOPOLOGY|DEPLOYMENT] PROCESS")
     which = slurm_cli.recorded_backend(deployment, backend)
     check_recorded(ctx, which.value, backend is not None, deployment)
-    if which is slurm_cli.Backend.slurm:
-        slurm_cli.logs(deployment, name, lines, follow)
-        return
     connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
+    runtime = runtime_for(which.value, connect)
     try:
-        for line in launch.logs(
-            deployment,
-            name,
-            lines=lines,
-            follow=follow,
-            connect=connect,
-        ):
+        for line in launch.logs(runtime, deployment, name, lines=lines, follow=follow):
             out.out(line, highlight=False)
-    except (launch.LaunchError, StateError, HostError) as exc:
+    except ERRORS as exc:
         failed(str(exc))
     except KeyboardInterrupt:
         raise typer.Exit(EXIT_OK) from None

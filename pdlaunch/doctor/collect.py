@@ -224,7 +224,7 @@ def collect_versions(
 def collect_running(state: DeploymentState, pool: HostPool) -> dict[str, tuple[str, str]]:
     """{process: (running, detail)} by the survey `status` and `down` make (the leader and
     every process holding its log), on a copy: the record is not changed."""
-    from pdlaunch.launch.records import survey  # launch depends on far more than doctor
+    from pdlaunch.runtime.ssh.records import survey  # the runtime depends on far more
 
     seen = copy.deepcopy(state)
     found = survey(seen, pool)

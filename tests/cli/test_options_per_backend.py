@@ -47,8 +47,7 @@ REFUSED_CHOSEN = [
     ),
     (["up", GB200, "--backend", "slurm", "--grace", "10"], ["--grace"], "slurm"),
     (["up", GB200, "--backend", "slurm", "--skip-check"], ["--skip-check"], "slurm"),
-    (["up", GB200, "--backend", "slurm", "--replace"], ["--replace"], "slurm"),
-    (["up", GB200, "--backend", "slurm", "--canary-scope", "router"], ["--canary-scope"], "slurm"),
+    # --replace and --canary-scope are the lifecycle's: read on every runtime (tests/runtime).
     (["up", GB200, "--exclusive", "--time", "5"], ["--time", "--exclusive"], "ssh"),
     (["validate", GB200, "--partition", "gpu"], ["--partition"], "ssh"),
     (["render", GB200, "-o", "OUT", "--nodelist", "n1"], ["--nodelist"], "ssh"),

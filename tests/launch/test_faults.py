@@ -468,7 +468,8 @@ def test_started_processes_inherit_no_control_host_variables(make_deployment, tm
 
 # -- 11: `logs -f` through a huge line ------------------------------------------------------------
 def test_follow_yields_a_short_line_after_a_50mb_line(make_deployment, tmp_path):
-    from pdlaunch import launch
+    from pdlaunch.runtime import lifecycle
+    from pdlaunch.runtime.ssh import SshRuntime
 
     dep = make_deployment("biglog")
     _up_ok(dep, tmp_path)
@@ -480,7 +481,9 @@ def test_follow_yields_a_short_line_after_a_50mb_line(make_deployment, tmp_path)
 
     def follow() -> None:
         try:
-            lines = launch.logs(dep.name, "decode-0", lines=5, follow=True, stop=stop)
+            lines = lifecycle.logs(
+                SshRuntime(), dep.name, "decode-0", lines=5, follow=True, stop=stop
+            )
             with contextlib.closing(lines):
                 for line in lines:
                     started.set()

@@ -17,10 +17,12 @@ import yaml
 
 from pdlaunch import rules
 from pdlaunch.hosts import HostError, ProcessSurvived
-from pdlaunch.launch import LaunchError, Reporter, UpOptions, down, status, up
-from pdlaunch.launch.readiness import ABORTED, DEADLINE, EXITED, READY, wait_until
 from pdlaunch.load import load_text
 from pdlaunch.plan import Plan, build_plan
+from pdlaunch.runtime import lifecycle
+from pdlaunch.runtime.lifecycle import LaunchError, Reporter, UpOptions
+from pdlaunch.runtime.lifecycle.readiness import ABORTED, DEADLINE, EXITED, READY, wait_until
+from pdlaunch.runtime.ssh import SshRuntime
 from pdlaunch.state import STATE_FILE, deployment_dir, load_state, save_state
 from tests.launch.fake_host import FakeWorld
 
@@ -40,8 +42,23 @@ TOPOLOGY = {
     "router": {"host": A, "port": 8123},
 }
 # Imported by name: the package's `up` attribute is the function, which hides the module.
-launch_up = importlib.import_module("pdlaunch.launch.up")
-launch_inspect = importlib.import_module("pdlaunch.launch.inspect")
+launch_up = importlib.import_module("pdlaunch.runtime.lifecycle.up")
+launch_inspect = importlib.import_module("pdlaunch.runtime.lifecycle.inspect")
+ssh_launch = importlib.import_module("pdlaunch.runtime.ssh.launch")
+
+
+# The one lifecycle on the SSH runtime, its hosts opened by the fake world.
+def up(plan, opts, reporter=None, *, opener):
+    return lifecycle.up(SshRuntime(opts.connect, opener), plan, opts, reporter)
+
+
+def down(deployment, *, grace, opener):
+    return lifecycle.down(SshRuntime(opener=opener), deployment, grace=grace)
+
+
+def status(deployment, *, opener):
+    report = lifecycle.status(SshRuntime(opener=opener), deployment)
+    return (report.observation, report.rows) if report else (None, [])
 ROLES = {"prefill-0": "prefill", "decode-0": "decode", "decode-1": "decode", "router": "router"}
 
 
@@ -120,14 +137,14 @@ def test_parallel_starts_share_state_writes_and_each_pid_is_on_disk_before_it_go
     world.learn(plan)
     engines = len(plan.by_role("prefill")) + len(plan.by_role("decode"))
     writes = []
-    real_save = launch_up.save_state
+    real_save = ssh_launch.save_state
 
     def slow_save(state):  # the real write, made slow as an fsync on a busy disk
         time.sleep(0.02)
         writes.append(sum(p.pid is not None for p in state.processes))
         return real_save(state)
 
-    monkeypatch.setattr(launch_up, "save_state", slow_save)
+    monkeypatch.setattr(ssh_launch, "save_state", slow_save)
     unrecorded: list[str] = []
 
     class Watch(Reporter):

@@ -9,16 +9,18 @@ import sys
 
 import pytest
 
-from pdlaunch import health, launch
+from pdlaunch import health
 from pdlaunch.load import load
 from pdlaunch.plan import build_plan
 from pdlaunch.render import RenderedFile, render_plan
+from pdlaunch.runtime.ssh import records as launch
 from pdlaunch.state import (
     DeploymentLock,
     DeploymentState,
     ProcessState,
     StateError,
     deployment_dir,
+    file_hashes,
     load_state,
     remove_state,
     save_state,
@@ -202,7 +204,7 @@ def test_describe_changes_names_the_changed_lines(tmp_path):
         scripts_hash=scripts_hash(old_files),
         endpoint="",
         served_model_name="m",
-        file_hashes=launch.file_hashes(old_files),
+        file_hashes=file_hashes(old_files),
         scripts={f.name: f.content for f in old_files if f.name.endswith(".sh")},
     )
     changes = launch.describe_changes(old, render_plan(new_plan))

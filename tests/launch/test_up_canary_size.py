@@ -6,9 +6,9 @@ from pathlib import Path
 
 import yaml
 
-from pdlaunch.launch.canary import max_prefill_block
 from pdlaunch.load import load
 from pdlaunch.plan import build_plan
+from pdlaunch.runtime.lifecycle.canary import max_prefill_block
 
 LOCAL_CPU = Path(__file__).resolve().parents[2] / "topologies" / "local-cpu.yaml"
 

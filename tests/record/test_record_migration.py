@@ -11,7 +11,7 @@ import pytest
 
 from pdlaunch import record
 from pdlaunch.backends import slurm_record
-from pdlaunch.launch.records import unrecorded_state
+from pdlaunch.runtime.ssh.records import unrecorded_state
 from pdlaunch.state import save_state
 from tests.slurm.helpers import fake_spec, planned
 

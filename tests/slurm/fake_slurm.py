@@ -25,8 +25,13 @@ from typing import Any
 import pytest
 
 _COMMON = r'''
-import json, os, re, sys
+import fcntl, json, os, re, sys
 STATE = os.environ["PDL_FAKE_SLURM_STATE"]
+# One command at a time, as slurmctld serialises its RPCs: pdlaunch asks squeue from several
+# threads at once (one health watcher per process), and two commands sharing the state file
+# would lose each other's writes (or read a half-written one).
+_LOCK = open(STATE + ".lock", "w")
+fcntl.flock(_LOCK, fcntl.LOCK_EX)
 def load():
     with open(STATE) as f:
         return json.load(f)

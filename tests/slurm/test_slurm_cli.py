@@ -1,6 +1,6 @@
 """`pdlaunch ... --backend slurm` as a user runs it: pdlaunch in a process of its own, against
 the test cluster's two nodes (tests/slurm/conftest.py) and the stand-in engines of
-test_slurm_run.py. One deployment goes up, status, logs, down; the other cases submit
+test_jobs.py. One deployment goes up, status, logs, down; the other cases submit
 nothing, or only a job they interrupt."""
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from pdlaunch.backends import slurm, slurm_run
+from pdlaunch.backends import slurm
+from pdlaunch.runtime.slurm import jobs
 from pdlaunch.state import list_deployments
+from tests.slurm import runtime_support as slurm_rt
 from tests.slurm.helpers import REPO, fake_spec, planned
 from tests.sshd import free_port
 
@@ -95,7 +97,8 @@ def test_up_status_logs_down(slurm_cluster, fake_bins, tmp_path: Path) -> None:
         assert st["backend"] == "slurm" and st["healthy"] and st["status"] == "up"
         assert st["job"]["id"] == job and st["job"]["state"] == "RUNNING"
         assert st["endpoint"] == up["endpoint"]
-        assert {(p["process"], p["node"], p["health"]) for p in st["processes"]} == {
+        # One row shape on every backend: "host" is the node Slurm gave the process.
+        assert {(p["process"], p["host"], p["health"]) for p in st["processes"]} == {
             ("prefill-0", nodes[0], "healthy"),
             ("decode-0", nodes[1], "healthy"),
             ("router", nodes[0], "healthy"),
@@ -109,7 +112,7 @@ def test_up_status_logs_down(slurm_cluster, fake_bins, tmp_path: Path) -> None:
 
         r = pdl("logs", "cli-fake", "prefill-0")
         assert r.rc == 0 and "serving on" in r.stdout, r
-        assert slurm_run.logs("cli-fake", "prefill-0", 0) == ""  # -n 0: nothing, not all
+        assert slurm_rt.logs("cli-fake", "prefill-0", 0) == ""  # -n 0: nothing, not all
         r = pdl("logs", path, "driver", "-n", "200")
         assert r.rc == 0 and f"component 1: {nodes[1]}" in r.stdout, r
         r = pdl("logs", "cli-fake", "nope")
@@ -122,19 +125,27 @@ def test_up_status_logs_down(slurm_cluster, fake_bins, tmp_path: Path) -> None:
         assert r.rc == 1 and f"Slurm job {job}" in r.stderr and "pdlaunch down" in r.stderr, r
         assert not (Path(os.environ["PDLAUNCH_STATE_DIR"]) / "cli-fake" / "state.json").exists()
 
-        # A second Slurm up is refused by the backend, the job untouched.
+        # Another job for the same deployment (other sbatch options) is refused, the job
+        # untouched; --replace would cancel it first.
         r = pdl("up", path, "--backend", "slurm", "--time", "10", "--timeout", "30")
-        assert r.rc == 1 and f"Slurm job {job}" in r.stderr, r
+        assert r.rc == 1 and f"Slurm job {job}" in r.stderr and "--replace" in r.stderr, r
+        # The same topology and options: the running job is kept (as over SSH).
+        r = pdl("up", path, "--backend", "slurm", "--nodelist", ",".join(nodes), "--time", "10",
+                "--start-timeout", "120", "--timeout", "30", "--json")  # fmt: skip
+        again = json.loads(r.stdout)
+        assert r.rc == 0 and again["changed"] is False and again["job_id"] == job, r
+        assert "already up and unchanged" in again["message"], r
+        assert again["endpoint"] == up["endpoint"], r
         assert len(_squeue(slurm_cluster, job)) == 2
 
         # The topology file and no --backend: down finds the Slurm record.
         r = pdl("down", path)
         assert r.rc == 0 and "nothing left" in r.stdout, r
     finally:
-        slurm_run.down("cli-fake")  # whatever failed above, leave no job behind
+        slurm_rt.down("cli-fake")  # whatever failed above, leave no job behind
     assert _squeue(slurm_cluster, job) == []
-    assert slurm_run.processes_under([str(work)]) == []
-    assert slurm_run.load_record("cli-fake") is None and list_deployments() == []
+    assert jobs.processes_under([str(work)]) == []
+    assert jobs.load_record("cli-fake") is None and list_deployments() == []
     r = pdl("down", "cli-fake", "--backend", "slurm", "--json")
     assert r.rc == 0 and json.loads(r.stdout)["job_id"] is None, r  # idempotent
 
@@ -156,20 +167,20 @@ def test_an_interrupted_up_cancels_its_job(slurm_cluster, fake_bins, tmp_path: P
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the job never ran"
             time.sleep(0.3)
-            rec = slurm_run.load_record("cli-int")
+            rec = jobs.load_record("cli-int")
             job = rec.job_id if rec else None
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-        slurm_run.down("cli-int")
+        slurm_rt.down("cli-int")
     assert proc.returncode == 130, (stdout, stderr)
     assert TRACEBACK not in stdout + stderr
-    assert f"interrupted: job {job} cancelled" in stderr and "nothing left" in stderr, stderr
+    assert "interrupted by SIGTERM: rolled back" in stderr, stderr
     assert _squeue(slurm_cluster, job) == []
-    assert slurm_run.processes_under([str(work)]) == []
-    assert slurm_run.load_record("cli-int") is None
+    assert jobs.processes_under([str(work)]) == []
+    assert jobs.load_record("cli-int") is None
 
 
 def test_a_failed_up_says_which_process_and_cancels(slurm_cluster, fake_bins, tmp_path) -> None:
@@ -177,14 +188,19 @@ def test_a_failed_up_says_which_process_and_cancels(slurm_cluster, fake_bins, tm
                            decode_env={"FAKE_VLLM_MODE": "exit"})  # fmt: skip
     r = pdl("up", path, "--backend", "slurm", "--time", "10", "--timeout", "60")
     assert r.rc == 1, r
-    assert "decode-0 is not healthy" in r.stderr and "cancelled" in r.stderr, r
+    assert "decode-0 on" in r.stderr and "exited during start" in r.stderr, r
+    assert "rolled back" in r.stderr, r
     assert "simulated engine failure" in r.stderr, r  # the decode's own log, shown
-    job = slurm_run.load_record("cli-bad").job_id
-    assert _squeue(slurm_cluster, job) == []
+    assert "exited before it was healthy" in r.stderr, r  # and the job driver's
+    assert jobs.load_record("cli-bad") is None  # proven gone, so forgotten
+    r = pdl("up", path, "--backend", "slurm", "--time", "10", "--timeout", "60", "--json")
+    data = json.loads(r.stdout)
+    assert r.rc == 1 and data["rolled_back"] is True and data["backend"] == "slurm", r
+    assert _squeue(slurm_cluster, data["job_id"]) == []
     r = pdl("status", "cli-bad")
-    assert r.rc == 1 and f"Slurm job {job} GONE" in r.stdout, r
+    assert r.rc == 1 and "nothing recorded" in r.stdout, r
     assert pdl("down", "cli-bad").rc == 0
-    assert slurm_run.processes_under([str(work)]) == []
+    assert jobs.processes_under([str(work)]) == []
 
 
 # -- render, validate: nothing submitted ----------------------------------------------------------
@@ -264,7 +280,7 @@ def test_unknown_deployments(tmp_path: Path, state_dir: Path) -> None:
     r = pdl("status", "nope", "--backend", "slurm")
     assert r.rc == 1 and "nope: no Slurm job recorded" in r.stdout, r
     r = pdl("down", "nope", "--backend", "slurm")
-    assert r.rc == 0 and "no Slurm job recorded for nope" in r.stdout, r
+    assert r.rc == 0 and "nope: nothing recorded; nothing to stop" in r.stdout, r
     r = pdl("logs", "nope", "router", "--backend", "slurm")
     assert r.rc == 1 and "no Slurm job is recorded for deployment 'nope'" in r.stderr, r
     r = pdl("status")

@@ -4,7 +4,7 @@ run as a heterogeneous job on the test cluster's two nodes, proven token for tok
 As tests/e2e/test_cpu_pd.py (the same prompts, tiny model and plain reference, from
 tests/e2e_support.py and tests/engine_support.py): one plain vLLM instance answers the
 reference prompts and is stopped first, so at most two engines and the router run at once.
-Then `slurm_run.up` (sbatch, health, PD canary), and: router output == plain output for every
+Then `jobs.up` (sbatch, health, PD canary), and: router output == plain output for every
 prompt; decode's `external_kv_transfer` counter grew by every prompt token; status shows the
 job running and healthy; down leaves no job in squeue and no process in the work dir.
 
@@ -27,9 +27,10 @@ import pytest
 from typer.testing import CliRunner
 
 from pdlaunch import doctor
-from pdlaunch.backends import slurm, slurm_rules, slurm_run
+from pdlaunch.backends import slurm, slurm_rules
 from pdlaunch.cli import app
 from pdlaunch.hosts import HostPool
+from pdlaunch.runtime.slurm import jobs
 from tests.e2e_support import (
     CPU_PD_PROMPTS,
     complete,
@@ -45,6 +46,7 @@ from tests.engine_support import (
     tiny_model,
     write_topology,
 )
+from tests.slurm import runtime_support as slurm_rt
 from tests.slurm.helpers import planned
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
@@ -101,11 +103,11 @@ def slurm_dep(slurm_cluster, tmp_path_factory, monkeypatch_module):
     t = time.monotonic()
     result = None
     try:
-        result = slurm_run.up(plan, opts, timeout=UP_TIMEOUT, canary_timeout=300)
+        result = slurm_rt.up(plan, opts, timeout=UP_TIMEOUT, canary_timeout=300)
         timings["up_s"] = round(time.monotonic() - t, 1)
         timings["healthy_s"] = result.healthy_s
         assert result.ok, (
-            f"{result.message}\n{json.dumps(result.outcomes, indent=1)}\n"
+            f"{result.message}\n"
             + "\n".join(f"--- {k}\n{v}" for k, v in result.logs.items())
         )
         yield {
@@ -120,7 +122,7 @@ def slurm_dep(slurm_cluster, tmp_path_factory, monkeypatch_module):
             "prefill_log": Path(plan.by_role("prefill")[0].log_path),
         }
     finally:
-        down = slurm_run.down(name)
+        down = slurm_rt.down(name)
         timings["module_s"] = round(time.monotonic() - t_start, 1)
         timings["load_avg_start"] = round(load_start, 1)
         timings["load_avg_end"] = round(os.getloadavg()[0], 1)
@@ -151,7 +153,7 @@ def test_canary_through_slurm_was_disaggregated(slurm_dep) -> None:
 @pytest.mark.timeout(E2E_TIMEOUT)
 def test_router_tokens_equal_plain_instance_and_came_by_kv_transfer(slurm_dep) -> None:
     router = slurm_dep["up"].endpoint
-    st = slurm_run.status(slurm_dep["name"])
+    st = slurm_rt.status(slurm_dep["name"])
     urls = {p.name: p.url.rsplit("/", 1)[0] for p in st.processes if p.url}
     decode, prefill = urls["decode-0"], urls["prefill-0"]
     d0, p0 = metrics(decode), metrics(prefill)
@@ -183,7 +185,7 @@ def test_router_tokens_equal_plain_instance_and_came_by_kv_transfer(slurm_dep) -
 
 @pytest.mark.timeout(E2E_TIMEOUT)
 def test_status_shows_the_job_running_and_healthy(slurm_dep) -> None:
-    st = slurm_run.status(slurm_dep["name"])
+    st = slurm_rt.status(slurm_dep["name"])
     assert st.job.state == "RUNNING" and len(st.job.components) == 2, st.job
     assert st.healthy, st.processes
     nodes = slurm_dep["cluster"].nodes
@@ -228,17 +230,17 @@ def test_down_leaves_no_job_and_no_process(slurm_dep) -> None:
     """Last test of the module: down, then squeue and /proc."""
     job = slurm_dep["up"].job_id
     t = time.monotonic()
-    down = slurm_run.down(slurm_dep["name"])
+    down = slurm_rt.down(slurm_dep["name"])
     slurm_dep["timings"]["down_s"] = round(time.monotonic() - t, 1)
     assert down.ok, down
     res = subprocess.run(
         ["squeue", "-h", "-j", job], env=slurm_dep["cluster"].env, capture_output=True, text=True
     )
     assert res.stdout.strip() == "", res.stdout
-    assert slurm_run.processes_under([str(slurm_dep["work"])]) == []
+    assert jobs.processes_under([str(slurm_dep["work"])]) == []
     engines = [
         pid
-        for pid, cmd in slurm_run.processes_under(["/"])
+        for pid, cmd in jobs.processes_under(["/"])
         if str(slurm_dep["root"]) in cmd and ("vllm" in cmd or "router" in cmd)
     ]
     assert engines == []

@@ -22,8 +22,10 @@ import pytest
 from typer.testing import CliRunner
 
 from pdlaunch import bench, record
-from pdlaunch.backends import slurm, slurm_run
+from pdlaunch.backends import slurm
 from pdlaunch.cli import app
+from pdlaunch.runtime.slurm import jobs
+from tests.slurm import runtime_support as slurm_rt
 from tests.slurm.helpers import REPO, fake_spec, planned
 from tests.sshd import free_port
 
@@ -73,13 +75,13 @@ def deployment(slurm_cluster, fake_bins, tmp_path: Path):
     path = tmp_path / "every.yaml"
     _, _, plan = planned(spec, path)
     assert plan.router.health_url.startswith("http://pd-a:")  # the plan's: nowhere
-    res = slurm_run.up(plan, slurm.SlurmOptions(time="10", start_timeout=120), timeout=120,
+    res = slurm_rt.up(plan, slurm.SlurmOptions(time="10", start_timeout=120), timeout=120,
                        canary=False)  # fmt: skip
     try:
-        assert res.ok, f"{res.message}\n{res.outcomes}\n{res.logs}"
+        assert res.ok, f"{res.message}\n{res.logs}"
         yield path, ports, res
     finally:
-        assert slurm_run.down("slurm-every").ok
+        assert slurm_rt.down("slurm-every").ok
 
 
 def test_every_command_reaches_a_slurm_deployment_where_slurm_runs_it(
@@ -174,13 +176,20 @@ def test_commands_on_a_job_that_no_longer_runs_say_so(slurm_cluster, fake_bins, 
     """A recorded job that ended: bench and watch name the job's state instead of aiming at
     the plan's addresses; doctor reports every process dead, with the job's state."""
     ports = {k: free_port() for k in ("prefill", "decode", "side", "router", "metrics")}
-    spec = fake_spec("slurm-gone", tmp_path / "work", ["pd-a", "pd-b"], fake_bins, ports,
-                     decode_env={"FAKE_VLLM_MODE": "exit"})  # fmt: skip
+    spec = fake_spec("slurm-gone", tmp_path / "work", ["pd-a", "pd-b"], fake_bins, ports)
     path = tmp_path / "gone.yaml"
     _, _, plan = planned(spec, path)
-    res = slurm_run.up(plan, slurm.SlurmOptions(time="10", start_timeout=60), timeout=60)
-    assert not res.ok  # the job is cancelled; the record stays, as failed
+    res = slurm_rt.up(plan, slurm.SlurmOptions(time="10", start_timeout=60), timeout=60,
+                      canary=False)  # fmt: skip
+    assert res.ok, f"{res.message}\n{res.logs}"
     try:
+        # The job ends behind pdlaunch's back (a time limit, an admin's scancel): the record
+        # stays, naming a job Slurm no longer holds.
+        jobs.run_slurm(["scancel", res.job_id])
+        deadline = time.monotonic() + 60
+        while jobs.job_info(res.job_id).state != "GONE":
+            assert time.monotonic() < deadline, jobs.job_info(res.job_id)
+            time.sleep(0.3)
         r = _pdl("doctor", "slurm-gone", "--json")
         assert r.returncode == 1, r
         data = json.loads(r.stdout)
@@ -192,4 +201,4 @@ def test_commands_on_a_job_that_no_longer_runs_say_so(slurm_cluster, fake_bins, 
         assert bres.exit_code == 1, bres.output
         assert f"Slurm job {res.job_id} is GONE" in json.loads(bres.stdout)["error"]
     finally:
-        assert slurm_run.down("slurm-gone").ok
+        assert slurm_rt.down("slurm-gone").ok

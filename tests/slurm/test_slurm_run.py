@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from pdlaunch.backends import slurm, slurm_rules, slurm_run
+from pdlaunch.backends import slurm, slurm_rules
 from pdlaunch.health import probe
+from pdlaunch.runtime import lifecycle
+from pdlaunch.runtime.slurm import jobs
+from tests.slurm import runtime_support as slurm_rt
 from tests.slurm.helpers import fake_spec, planned
 from tests.sshd import free_port
 
@@ -38,14 +41,14 @@ def test_up_status_logs_down_through_slurm(slurm_cluster, fake_bins, tmp_path: P
     spec = fake_spec("slurm-fake", work, nodes, fake_bins, _ports())
     topo, _, plan = planned(spec, tmp_path / "t.yaml")
     opts = slurm.SlurmOptions(nodelist=tuple(nodes), time="10", start_timeout=120)
-    gpus, cpus = slurm_run.partition_limits()
+    gpus, cpus = jobs.partition_limits()
     assert (gpus, cpus) == (0, os.cpu_count())
     opts_limits = slurm.SlurmOptions(nodelist=tuple(nodes), cpus_per_node=cpus)
     assert slurm_rules.check(topo, plan, opts_limits) == []
 
     t0 = time.monotonic()
-    res = slurm_run.up(plan, opts, timeout=120, canary_timeout=60)
-    assert res.ok, f"{res.message}\n{res.outcomes}\n{res.logs}"
+    res = slurm_rt.up(plan, opts, timeout=120, canary_timeout=60)
+    assert res.ok, f"{res.message}\n{res.logs}"
     healthy_s = time.monotonic() - t0
     assert res.canary is not None and res.canary.ok, res.canary
     assert res.canary.details["decode_external_kv_transfer_tokens"] > 0
@@ -55,7 +58,7 @@ def test_up_status_logs_down_through_slurm(slurm_cluster, fake_bins, tmp_path: P
     lines = _squeue(slurm_cluster, job)
     assert sorted(lines) == [f"{job}+0 RUNNING {nodes[0]}", f"{job}+1 RUNNING {nodes[1]}"]
 
-    st = slurm_run.status("slurm-fake")
+    st = slurm_rt.status("slurm-fake")
     assert st.healthy and st.job.state == "RUNNING" and st.job.source == "squeue"
     assert {(p.name, p.node, p.health) for p in st.processes} == {
         ("prefill-0", nodes[0], "healthy"),
@@ -66,7 +69,7 @@ def test_up_status_logs_down_through_slurm(slurm_cluster, fake_bins, tmp_path: P
     # What each engine got at run time: the node's address from Slurm (NodeAddr), the plan's
     # CPU core (allowed here), the router the engines' URLs on their nodes.
     engines = {}
-    for pid, _ in slurm_run.processes_under([str(work / "slurm-fake")]):
+    for pid, _ in jobs.processes_under([str(work / "slurm-fake")]):
         env = _environ(pid)
         if "VLLM_NIXL_SIDE_CHANNEL_HOST" in env:
             engines[env["SLURM_JOB_NAME"]] = env
@@ -76,28 +79,28 @@ def test_up_status_logs_down_through_slurm(slurm_cluster, fake_bins, tmp_path: P
     assert engines["decode-0"]["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     assert engines["decode-0"]["SLURMD_NODENAME"] == nodes[1]
 
-    log = slurm_run.logs("slurm-fake", "prefill-0", lines=50)
+    log = slurm_rt.logs("slurm-fake", "prefill-0", lines=50)
     assert "fake-vllm" in log and "serving on" in log
     # The driver polls each second: it may say so a moment after the control host saw it.
     deadline = time.monotonic() + 15
-    while "up: http://" not in (driver := slurm_run.logs("slurm-fake", "driver")):
+    while "up: http://" not in (driver := slurm_rt.logs("slurm-fake", "driver")):
         assert time.monotonic() < deadline, driver
         time.sleep(0.3)
     assert f"component 1: {nodes[1]}" in driver
     assert f"up: http://127.0.0.1:{spec['router']['port']}" in driver
-    with pytest.raises(slurm_run.SlurmRunError, match="known: prefill-0"):
-        slurm_run.logs("slurm-fake", "nope")
+    with pytest.raises(lifecycle.LaunchError, match="known: prefill-0"):
+        slurm_rt.logs("slurm-fake", "nope")
 
     t1 = time.monotonic()
-    down = slurm_run.down("slurm-fake")
+    down = slurm_rt.down("slurm-fake")
     down_s = time.monotonic() - t1
     assert down.ok, down
     assert _squeue(slurm_cluster, job) == []
-    assert slurm_run.processes_under([str(work)]) == []
+    assert jobs.processes_under([str(work)]) == []
     assert not probe(res.endpoint + "/health", timeout=2).ok
-    assert slurm_run.load_record("slurm-fake") is None
+    assert jobs.load_record("slurm-fake") is None
     # Idempotent.
-    assert slurm_run.down("slurm-fake").job_id is None
+    assert slurm_rt.down("slurm-fake").job_id is None
     print(f"\n[slurm fake] healthy+canary {healthy_s:.1f}s, down {down_s:.1f}s")
 
 
@@ -111,18 +114,18 @@ def test_an_engine_that_dies_fails_up_and_leaves_nothing(
                      decode_env={"FAKE_VLLM_MODE": "exit"})  # fmt: skip
     _, _, plan = planned(spec, tmp_path / "t.yaml")
     opts = slurm.SlurmOptions(time="10", start_timeout=60)
-    res = slurm_run.up(plan, opts, timeout=60)
-    assert not res.ok
-    assert "job" in res.message and "cancelled" in res.message, res.message
+    res = slurm_rt.up(plan, opts, timeout=60)
+    assert not res.ok and res.error.rolled_back, res.message
+    assert "decode-0" in res.message and "exited during start" in res.message, res.message
     assert "simulated engine failure" in res.logs["decode-0"]
     assert "decode-0 exited before it was healthy" in res.logs["driver"]
     assert _squeue(slurm_cluster, res.job_id) == []
     deadline = time.monotonic() + 15
-    while slurm_run.processes_under([str(work)]) and time.monotonic() < deadline:
+    while jobs.processes_under([str(work)]) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert slurm_run.processes_under([str(work)]) == []
-    assert slurm_run.load_record("slurm-bad").status == "failed"
-    assert slurm_run.down("slurm-bad").ok
+    assert jobs.processes_under([str(work)]) == []
+    assert jobs.load_record("slurm-bad") is None  # proven gone, so forgotten
+    assert slurm_rt.down("slurm-bad").job_id is None
 
 
 def test_a_second_up_of_a_running_deployment_is_refused(
@@ -130,12 +133,12 @@ def test_a_second_up_of_a_running_deployment_is_refused(
 ) -> None:
     spec = fake_spec("slurm-twice", tmp_path / "w", slurm_cluster.nodes, fake_bins, _ports())
     _, _, plan = planned(spec, tmp_path / "t.yaml")
-    job = slurm_run.submit(plan, slurm.SlurmOptions(time="10"))
+    job = jobs.submit(plan, slurm.SlurmOptions(time="10"))
     try:
-        with pytest.raises(slurm_run.SlurmRunError, match=f"Slurm job {job}"):
-            slurm_run.submit(plan, slurm.SlurmOptions(time="10"))
+        with pytest.raises(jobs.SlurmRunError, match=f"Slurm job {job}"):
+            jobs.submit(plan, slurm.SlurmOptions(time="10"))
     finally:
-        assert slurm_run.down("slurm-twice").ok
+        assert slurm_rt.down("slurm-twice").ok
     assert _squeue(slurm_cluster, job) == []
 
 
@@ -147,17 +150,17 @@ def test_a_percent_in_the_work_dir_is_a_percent_to_slurm(
     work = tmp_path / "run%j%x"
     spec = fake_spec("slurm-pct", work, slurm_cluster.nodes, fake_bins, _ports())
     _, _, plan = planned(spec, tmp_path / "t.yaml")
-    res = slurm_run.up(plan, slurm.SlurmOptions(time="10", start_timeout=60), timeout=60,
+    res = slurm_rt.up(plan, slurm.SlurmOptions(time="10", start_timeout=60), timeout=60,
                        canary=False)  # fmt: skip
     try:
         assert res.ok, f"{res.message}\n{res.logs}"
         for p in plan.processes:
             assert Path(p.log_path).is_file(), p.log_path
-        assert Path(slurm_run.load_record("slurm-pct").driver_log).is_file()
-        assert "serving on" in slurm_run.logs("slurm-pct", "prefill-0", lines=20)
+        assert Path(jobs.load_record("slurm-pct").driver_log).is_file()
+        assert "serving on" in slurm_rt.logs("slurm-pct", "prefill-0", lines=20)
         assert not any(p.name != "run%j%x" for p in tmp_path.iterdir() if p.name.startswith("run"))
     finally:
-        assert slurm_run.down("slurm-pct").ok
+        assert slurm_rt.down("slurm-pct").ok
 
 
 def test_down_leaves_a_job_that_is_not_the_deployments(
@@ -172,12 +175,12 @@ def test_down_leaves_a_job_that_is_not_the_deployments(
     try:
         spec = fake_spec("slurm-other", tmp_path / "w", slurm_cluster.nodes, fake_bins, _ports())
         _, _, plan = planned(spec, tmp_path / "t.yaml")
-        slurm_run.run_slurm(slurm_run._scancel_argv("slurm-other", other))
-        slurm_run.save_record(slurm_run.record_of(plan, other))
-        with pytest.raises(slurm_run.SlurmRunError, match="not this deployment's job"):
-            slurm_run.down("slurm-other")
+        jobs.run_slurm(jobs._scancel_argv("slurm-other", other))
+        jobs.save_record(jobs.record_of(plan, other))
+        res = slurm_rt.down("slurm-other")
+        assert not res.ok and "not this deployment's job" in res.message, res
         time.sleep(1)
         assert [ln.split()[0] for ln in _squeue(slurm_cluster, other)] == [other]
-        assert slurm_run.record_path("slurm-other").exists()
+        assert jobs.record_path("slurm-other").exists()
     finally:
         slurm_cluster.run(["scancel", other], check=False)

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from pdlaunch.backends import slurm, slurm_run
+from pdlaunch.backends import slurm
 from pdlaunch.load import load
 from pdlaunch.plan import build_plan
+from pdlaunch.runtime.slurm import jobs
 from tests.slurm.helpers import REPO, fake_spec, planned
 
 LOCAL = REPO / "topologies" / "local-cpu.yaml"
@@ -294,12 +295,12 @@ def test_node_runner_keeps_the_plan_cores_only_within_the_allowed_cpus(tmp_path:
 @pytest.mark.slurm
 def test_sbatch_test_only_accepts_the_rendered_jobs(slurm_cluster, tmp_path: Path) -> None:
     before = set(slurm_cluster.jobs())
-    msg = slurm_run.sbatch_test_only(_plan(LOCAL), slurm.SlurmOptions(), tmp_path / "local")
+    msg = jobs.sbatch_test_only(_plan(LOCAL), slurm.SlurmOptions(), tmp_path / "local")
     assert "to start at" in msg and slurm_cluster.nodes[0] in msg
     spec = fake_spec("het", tmp_path / "w", slurm_cluster.nodes, _bins(tmp_path), PORTS)
     _, _, plan = planned(spec, tmp_path / "het.yaml")
     opts = slurm.SlurmOptions(nodelist=tuple(slurm_cluster.nodes), time="5")
-    msg = slurm_run.sbatch_test_only(plan, opts, tmp_path / "het")
+    msg = jobs.sbatch_test_only(plan, opts, tmp_path / "het")
     assert "to start at" in msg
     assert set(slurm_cluster.jobs()) <= before  # --test-only queues nothing
 
@@ -307,5 +308,5 @@ def test_sbatch_test_only_accepts_the_rendered_jobs(slurm_cluster, tmp_path: Pat
 @pytest.mark.slurm
 def test_sbatch_test_only_refuses_what_the_cluster_cannot_give(slurm_cluster, tmp_path) -> None:
     """The same check fails for a job this cluster cannot run (GPUs it does not have)."""
-    with pytest.raises(slurm_run.SlurmRunError, match="refused"):
-        slurm_run.sbatch_test_only(_plan(GB200), slurm.SlurmOptions(), tmp_path / "gb200")
+    with pytest.raises(jobs.SlurmRunError, match="refused"):
+        jobs.sbatch_test_only(_plan(GB200), slurm.SlurmOptions(), tmp_path / "gb200")

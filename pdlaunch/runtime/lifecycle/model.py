@@ -1,12 +1,14 @@
-"""What launch reports: errors naming processes, the live view, options and results."""
+"""What the lifecycle reports on every backend: errors naming processes, the live view,
+options and results."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from pdlaunch import health
-from pdlaunch.hosts import ConnectOptions, HostPool
+from pdlaunch.hosts import ConnectOptions
 
 #: the order a deployment is stopped in (and the reverse of how it starts)
 STOP_ORDER = ("router", "decode", "prefill")
@@ -23,6 +25,8 @@ class LaunchError(Exception):
         # None: nothing had been started; True: everything started was stopped again;
         # False: some processes could not be stopped (they stay recorded for `down`).
         self.rolled_back: bool | None = None
+        # The runtime's handle of what was started, e.g. {"job_id": ...} under Slurm.
+        self.handle: dict[str, Any] = {}
 
     def __str__(self) -> str:
         return self.message
@@ -88,8 +92,11 @@ class UpOptions:
     # Run before anything starts, once `up` has proven nothing of the deployment runs (a
     # running one holds its own ports, which a port probe would report as taken). Raises to
     # refuse; skipped when running processes are adopted. It gets `up`'s own connected hosts,
-    # so it opens no second SSH connection per host.
-    preflight: Callable[[HostPool], None] | None = None
+    # so it opens no second SSH connection per host (the argument is the runtime's Launch).
+    preflight: Callable[[Any], None] | None = None
+    # The Slurm runtime's options (SlurmOptions) and the environment secrets are read from.
+    slurm: Any = None
+    environ: dict[str, str] | None = None
 
 
 @dataclass
@@ -102,9 +109,12 @@ class UpResult:
     elapsed_s: float = 0.0
     healthy_s: float = 0.0  # until every engine and the router were healthy
     adopted: list[str] = field(default_factory=list)  # already running, kept
+    backend: str = "ssh"
+    handle: dict[str, Any] = field(default_factory=dict)  # e.g. {"job_id": ...} under Slurm
 
 
 @dataclass
 class DownResult:
     stopped: list[str]
     message: str
+    handle: dict[str, Any] = field(default_factory=dict)

@@ -1,4 +1,4 @@
-"""`up`'s last step before recording the deployment as up: the canary.
+"""`up`'s last step before recording the deployment as up, on every runtime: the canary.
 
 ``all`` (the default): every prefill -> decode pair proven directly (:mod:`pdlaunch.canary`),
 then one request through the router (:func:`pdlaunch.health.canary`); ``router``: only the
@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pdlaunch import canary as pairs_canary
 from pdlaunch import health
-from pdlaunch.hosts import HostPool
 from pdlaunch.plan import Plan
-from pdlaunch.state import DeploymentState
+from pdlaunch.runtime.base import Launch
 
-from .model import Failure, LaunchError, Reporter, UpOptions
-from .records import log_tail, proc_host
+from .model import Failure, LaunchError, Reporter
+
+if TYPE_CHECKING:
+    from .up import Run
 
 MODES = ("all", "router", "off")
 
@@ -46,27 +49,35 @@ def max_prefill_block(plan: Plan) -> int:
     return max(sizes)
 
 
-def run_canary(
-    plan: Plan,
-    state: DeploymentState,
-    pool: HostPool,
-    reporter: Reporter,
-    opts: UpOptions,
-    deadline: float,
-) -> health.CanaryResult | None:
-    """The canary of ``opts.canary``'s mode; raises LaunchError naming what failed."""
+@dataclass(frozen=True)
+class _Placed:
+    """A process where it really listens (pdlaunch.canary reads name, role, health_url)."""
+
+    name: str
+    role: str
+    health_url: str | None
+
+
+def run_canary(run: Run) -> health.CanaryResult | None:
+    """The canary of ``opts.canary``'s mode, at the URLs the runtime placed the processes
+    at; raises LaunchError naming what failed."""
+    opts, plan, launch, reporter = run.opts, run.plan, run.launch, run.reporter
     mode = canary_mode(opts.canary)
     if mode == "off":
         return None
     min_tokens = 2 * max_prefill_block(plan) + 1
+    placed = [_Placed(p.name, p.role, launch.health_url(p)) for p in plan.processes]
 
     def timeout() -> float:
-        return min(opts.canary_timeout, max(5.0, deadline - time.monotonic()))
+        return min(opts.canary_timeout, max(5.0, run.deadline - time.monotonic()))
+
+    def urls(role: str) -> list[str]:
+        return [p.health_url for p in placed if p.role == role and p.health_url]
 
     results: list[pairs_canary.PairResult] = []
     if mode == "all":
-        prefills = pairs_canary.engines(plan.processes, "prefill")
-        decodes = pairs_canary.engines(plan.processes, "decode")
+        prefills = pairs_canary.engines(placed, "prefill")
+        decodes = pairs_canary.engines(placed, "decode")
         reporter.step(
             f"canary: {len(prefills) * len(decodes)} prefill {pairs_canary.ARROW} decode "
             "pair(s), each sent directly"
@@ -83,61 +94,44 @@ def run_canary(
         )
         bad = [r for r in results if not r.ok]
         if bad:
-            _explain(bad, state, pool, reporter)
+            _explain(bad, launch, reporter)
             summary = pairs_canary.summarize(results, None)
-            raise LaunchError(f"canary failed: {summary.message}", _pair_failures(plan, pool, bad))
-
+            raise LaunchError(f"canary failed: {summary.message}", _pair_failures(run, bad))
     reporter.step("canary request through the router")
+    router_url = launch.health_url(plan.router)
     router = health.canary(
-        plan.endpoint(),
+        health.base_url(router_url) if router_url else plan.endpoint(),
         plan.served_model_name,
-        [p.health_url for p in plan.by_role("prefill") if p.health_url],
-        [p.health_url for p in plan.by_role("decode") if p.health_url],
+        urls("prefill"),
+        urls("decode"),
         timeout=timeout(),
-        reference_health=[p.health_url for p in plan.by_role("prefill") if p.health_url],
+        reference_health=urls("prefill"),
         min_prompt_tokens=min_tokens,
     )
     if not router.ok:
-        r = plan.router
-        fails = [
-            Failure(
-                "router",
-                r.host,
-                router.message,
-                r.log_path,
-                log_tail(proc_host(pool, r), r.log_path),
-            )
-        ]
+        fails = [run.failure(plan.router, router.message)]
         for d in plan.by_role("decode")[:1]:
-            tail = log_tail(proc_host(pool, d), d.log_path)
-            fails.append(Failure(d.name, d.host, "decode log", d.log_path, tail))
+            fails.append(run.failure(d, "decode log"))
         raise LaunchError(f"canary failed: {router.message}", fails)
     if mode == "router":
         return router
     return pairs_canary.summarize(results, router)
 
 
-def _explain(
-    bad: list[pairs_canary.PairResult],
-    state: DeploymentState,
-    pool: HostPool,
-    reporter: Reporter,
-) -> None:
+def _explain(bad: list[pairs_canary.PairResult], launch: Launch, reporter: Reporter) -> None:
     """Attach the doctor findings (logs and metrics of the pair's engines) to failed pairs;
     a doctor that cannot look is no reason to hide the failure itself."""
-    from pdlaunch import doctor  # only on failure: it reads every log
-
     try:
-        findings = doctor.diagnose(state, pool, lines=300)
+        findings = launch.explain([n for r in bad for n in (r.prefill, r.decode)])
     except Exception as exc:  # the failure is reported either way
         reporter.warn(f"doctor could not explain the failed pair(s): {exc}")
         return
     pairs_canary.attach_findings(bad, findings)
 
 
-def _pair_failures(plan: Plan, pool: HostPool, bad: list[pairs_canary.PairResult]) -> list[Failure]:
+def _pair_failures(run: Run, bad: list[pairs_canary.PairResult]) -> list[Failure]:
     """One Failure per engine of a failed pair (decode first), each with its log's end."""
-    by_name = {p.name: p for p in plan.processes}
+    by_name = {p.name: p for p in run.plan.processes}
     out: list[Failure] = []
     seen: set[str] = set()
     for r in bad:
@@ -145,7 +139,5 @@ def _pair_failures(plan: Plan, pool: HostPool, bad: list[pairs_canary.PairResult
             if name in seen:
                 continue
             seen.add(name)
-            p = by_name[name]
-            tail = log_tail(proc_host(pool, p), p.log_path)
-            out.append(Failure(name, p.host, r.describe(), p.log_path, tail))
+            out.append(run.failure(by_name[name], r.describe()))
     return out

@@ -1,6 +1,6 @@
-"""Rolling back a failed or interrupted `up`: stop what this run started (router, decode,
-prefill), prove by the pid files that nothing it may have started still runs, and only then
-drop the record; a second signal meanwhile says truthfully what is left."""
+"""Rolling back a failed or interrupted `up`, on any runtime: stop what this run started
+(router, decode, prefill), have the runtime prove that nothing it may have started still
+runs, and only then drop the record; a second signal meanwhile says truthfully what is left."""
 
 from __future__ import annotations
 
@@ -9,17 +9,15 @@ from typing import TYPE_CHECKING
 
 from pdlaunch.hosts import HostError
 from pdlaunch.interrupts import Signalled, signal_name, signals_ignored
-from pdlaunch.state import StateError, remove_state
+from pdlaunch.state import StateError
 
-from .model import Interrupted, LaunchError, Reporter
-from .records import survey
-from .stopping import stop_processes
+from .model import Interrupted, LaunchError
 
 if TYPE_CHECKING:
-    from .up import _Run
+    from .up import Run
 
 
-def roll_back(run: _Run, exc: BaseException, reporter: Reporter) -> BaseException:
+def roll_back(run: Run, exc: BaseException) -> BaseException:
     """Stop what the run holds; returns the exception to raise (a LaunchError that says
     truthfully what is left, or ``exc`` itself when it is not ours to describe)."""
     err: LaunchError
@@ -27,45 +25,33 @@ def roll_back(run: _Run, exc: BaseException, reporter: Reporter) -> BaseExceptio
         err = exc
     elif isinstance(exc, (KeyboardInterrupt, Signalled)):
         err = Interrupted(signal_name(exc))
-    else:  # HostError, StateError, or a bug: roll back all the same
+    else:  # HostError, StateError, a Slurm error, or a bug: roll back all the same
         err = LaunchError(str(exc))
-    roll_back_into(run, err, reporter)
+    roll_back_into(run, err)
+    err.handle = dict(getattr(run.launch, "handle", {}))
     if not isinstance(exc, (LaunchError, KeyboardInterrupt, Signalled, HostError, StateError)):
+        if type(exc).__module__.startswith("pdlaunch."):
+            return err  # one of ours (SlurmRunError...): its message is for users
         return exc  # a bug: keep its traceback
     return err
 
 
-def roll_back_into(run: _Run, err: LaunchError, reporter: Reporter) -> None:
-    """Stop what the run holds, then prove (by the pid files) that nothing it may have started
-    runs; the record goes only after that proof."""
+def roll_back_into(run: Run, err: LaunchError) -> None:
+    """Stop what the run holds, then (the runtime proves it) forget the record."""
+    launch, reporter = run.launch, run.reporter
     dep = run.plan.deployment
-    mine = run.started_here()
-    had = [p.name for p in run.state.started() if p.name in mine]
+    had = launch.started()
     if had:
         reporter.step("rolling back: stopping what this run started")
     try:
         errors: list[str] = []
-        if run.uploaded:  # nothing can run (nor any secret file exist) before the upload
-            errors = run.rollback()
-            if not errors:
-                check = survey(run.state, run.pool)
-                left = {n for n in check.alive if n in mine}
-                if left or check.strangers:
-                    errors = stop_processes(
-                        run.state,
-                        run.pool,
-                        Reporter(),
-                        grace=run.grace,
-                        extra=check.strangers,
-                        only=left,
-                    )
-                errors += [f"{name}: {why}" for name, why in check.unknown.items()]
+        if run.provisioned:  # nothing can run (nor any secret file exist) before that
+            errors = launch.stop_started(reporter, run.views, run.opts.stop_grace)
     except (KeyboardInterrupt, Signalled) as again:
         with signals_ignored():
-            left = [p.name for p in run.state.started() if p.name in mine]
-            run.state.status = "failed"
+            left = launch.started()
             with contextlib.suppress(StateError):
-                run.save()
+                launch.keep_failed()
             err.message += (
                 f"\ninterrupted again ({signal_name(again)}) while rolling back: "
                 + (f"still running: {', '.join(left)}" if left else "nothing is left running")
@@ -74,9 +60,8 @@ def roll_back_into(run: _Run, err: LaunchError, reporter: Reporter) -> None:
             err.rolled_back = not left
         return
     if errors:
-        run.state.status = "failed"
         with contextlib.suppress(StateError):
-            run.save()
+            launch.keep_failed()
         msg = (
             "rollback could not stop: " + "; ".join(errors) + f" (retry with `pdlaunch down {dep}`)"
         )
@@ -84,16 +69,15 @@ def roll_back_into(run: _Run, err: LaunchError, reporter: Reporter) -> None:
         err.message += f"\n{msg}"
         err.rolled_back = False
         return
-    kept = [p.name for p in run.state.started()]  # adopted: they ran before this `up`
+    kept = sorted(launch.adopted)  # they ran before this `up`
     if kept:
-        run.state.status = "failed"
-        run.save()
+        launch.keep_failed()
         err.message += (
             f"\nstill running, as before this `up` (recorded): {', '.join(kept)}; "
             f"`pdlaunch down {dep}` stops them"
         )
     else:
-        remove_state(dep)
+        launch.forget()
     if isinstance(err, Interrupted):
         err.message += (
             ": rolled back, everything this run started was stopped"

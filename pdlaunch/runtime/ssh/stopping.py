@@ -15,9 +15,9 @@ from pdlaunch.hosts import (
     sh_quote_path,
 )
 from pdlaunch.hosts.containers import ContainerRef
+from pdlaunch.runtime.lifecycle.model import STOP_ORDER, Reporter, View
 from pdlaunch.state import DeploymentState, ProcessState
 
-from .model import STOP_ORDER, Reporter, View
 from .records import proc_host
 
 
