@@ -280,11 +280,11 @@ class FakeRuntime(Runtime):
                 row.alive = proc.is_alive()
             except HostError as exc:
                 row.error = str(exc)
+            row.url = proc.health_url  # probed by `status`: an exited one answers nothing
             if row.alive:
-                row.url = proc.health_url
                 row.uptime_s = time.time() - proc.started_at
-                if proc.headless:
-                    row.health = "headless"
+            if proc.headless:
+                row.health = "headless" if proc.running else f"exited ({proc.returncode})"
             rows.append(row)
         return Observation(deployment, NAME, rec.status, rows,
                            title=f"{deployment}: {rec.status} (fake runtime)")  # fmt: skip
@@ -418,8 +418,8 @@ class FakeLaunch(Launch):
         self.record.status = "up"
 
     def started(self) -> list[str]:
-        return [n for n, p in self.record.processes.items()
-                if n not in self.adopted and p.running]  # fmt: skip
+        # as the SSH record does: started by this `up`, whether or not it has exited since
+        return [n for n in self.record.processes if n not in self.adopted]
 
     def stop_started(self, reporter: Reporter, views: dict[str, View], grace: float) -> list[str]:
         errors = []

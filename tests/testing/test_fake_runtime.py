@@ -240,3 +240,16 @@ def test_follow_log_sees_new_lines_until_the_process_stops(fake: FakeRuntime) ->
 def test_leave_running_makes_the_lock_directory_down_looks_for(fake: FakeRuntime) -> None:
     fake.leave_running(plan_from(topology("sc-dir")), names=["prefill-0"])
     assert deployment_dir("sc-dir").is_dir()
+
+
+def test_status_of_an_engine_that_exited_after_up(fake: FakeRuntime) -> None:
+    lifecycle.up(fake, plan_from(topology("sc-died")), opts(canary=False))
+    decode = fake.process("sc-died", "decode-0")
+    assert decode is not None
+    decode.stop()  # it ends on its own, as an engine killed by the OOM killer
+    report = lifecycle.status(fake, "sc-died")
+    assert report is not None and not report.healthy
+    row = next(r for r in report.rows if r["process"] == "decode-0")
+    assert row["alive"] is False and row["health"] != "healthy", row
+    lifecycle.down(fake, "sc-died")
+    nothing_left(fake, "sc-died")
