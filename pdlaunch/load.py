@@ -14,6 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from pdlaunch.addresses import canonical_host
+from pdlaunch.backend_settings import BackendConfig
 from pdlaunch.topology import Topology
 
 FieldPath = tuple[str | int, ...]
@@ -202,17 +203,31 @@ def validate_data(data: dict[str, Any], source: Source) -> Topology:
     try:
         return Topology.model_validate(data)
     except ValidationError as exc:
-        # A union (e.g. `auto | N`) reports one error per member: merge them per field.
-        by_path: dict[FieldPath, list[str]] = {}
-        for err in exc.errors():
-            msgs = by_path.setdefault(_field_path(err["loc"]), [])
-            if (msg := _message(err)) not in msgs:
-                msgs.append(msg)
-        problems = [
-            Problem(source.file, source.line(path), dotted(path), "; or ".join(msgs))
-            for path, msgs in by_path.items()
-        ]
-        raise LoadError(problems) from None
+        raise LoadError(_problems(exc, source)) from None
+
+
+def _problems(exc: ValidationError, source: Source) -> list[Problem]:
+    """pydantic's errors, one per field (file, line, dotted key)."""
+    # A union (e.g. `auto | N`) reports one error per member: merge them per field.
+    by_path: dict[FieldPath, list[str]] = {}
+    for err in exc.errors():
+        msgs = by_path.setdefault(_field_path(err["loc"]), [])
+        if (msg := _message(err)) not in msgs:
+            msgs.append(msg)
+    return [
+        Problem(source.file, source.line(path), dotted(path), "; or ".join(msgs))
+        for path, msgs in by_path.items()
+    ]
+
+
+def load_backend_config(path: str | Path) -> BackendConfig:
+    """A `--backend-config` file (``slurm:`` as in a topology), read as a topology is: one
+    YAML document, every error named with its line (LoadError)."""
+    data, source = parse_text(read_text(Path(path)), str(path))
+    try:
+        return BackendConfig.model_validate(data)
+    except ValidationError as exc:
+        raise LoadError(_problems(exc, source)) from None
 
 
 def read_text(path: Path) -> str:

@@ -26,6 +26,7 @@ from pydantic import (
 # is_loopback stays importable from here for nodeenv.py.
 from pdlaunch.addresses import address_key, canonical_host, is_ip_literal
 from pdlaunch.addresses import is_loopback as is_loopback
+from pdlaunch.backend_settings import SlurmSettings
 from pdlaunch.devices import device_kinds
 from pdlaunch.plugins import default_for, profile_ids, profiles, unknown_message
 
@@ -450,6 +451,11 @@ class Topology(Strict):
     decode: list[Instance] = Field(min_length=1)
     kv_connector: KvConnector = Field(default_factory=KvConnector)
     router: Router = Field(default_factory=Router)
+    slurm: SlurmSettings | None = Field(
+        None,
+        description="Settings of --backend slurm, the same as its flags (which override "
+        "them); ignored over SSH, where `validate` says so",
+    )
     # Derived values computed once per topology (see kvgeometry.py, ports.py); not a field.
     _derived: dict = PrivateAttr(default_factory=dict)
 

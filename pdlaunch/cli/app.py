@@ -65,20 +65,25 @@ def load_or_exit(path: Path, as_json: bool) -> tuple[Topology, Source]:
     try:
         return load(path)
     except LoadError as exc:
-        if as_json:
-            print_json(
-                {
-                    "valid": False,
-                    "input_errors": [
-                        {"file": p.file, "line": p.line, "field": p.field, "message": p.message}
-                        for p in exc.problems
-                    ],
-                }
-            )
-        else:
-            for p in exc.problems:
-                print_error(f"{p.where()}: {p.message}")
-        raise typer.Exit(EXIT_INPUT) from None
+        input_errors(exc, as_json)
+
+
+def input_errors(exc: LoadError, as_json: bool) -> NoReturn:
+    """Every problem of an unreadable input file (file, line, key), then exit 2."""
+    if as_json:
+        print_json(
+            {
+                "valid": False,
+                "input_errors": [
+                    {"file": p.file, "line": p.line, "field": p.field, "message": p.message}
+                    for p in exc.problems
+                ],
+            }
+        )
+    else:
+        for p in exc.problems:
+            print_error(f"{p.where()}: {p.message}")
+    raise typer.Exit(EXIT_INPUT)
 
 
 def finding_dict(f: Finding) -> dict[str, object]:

@@ -31,7 +31,7 @@ from pdlaunch.cli.options import BenchTimeoutOpt, JsonOpt, TopologyArg
 from pdlaunch.health import base_url, get_text, probe
 from pdlaunch.hosts import HostError, LocalHost
 from pdlaunch.plan import Plan
-from pdlaunch.rules import RUNTIME_ADDRESSED
+from pdlaunch.rules import SLURM_SKIP
 from pdlaunch.state import StateError
 
 # The run completed but was not (entirely) disaggregated: its numbers are not a PD result.
@@ -116,7 +116,7 @@ def bench_cmd(
     # A Slurm job gives each node its own address at run time: the rules it was started
     # under (`up --backend slurm`) judge its topology here too.
     on_slurm = rec is not None and rec.backend == "slurm"
-    plan = plan_or_exit(topology, as_json, RUNTIME_ADDRESSED if on_slurm else frozenset())
+    plan = plan_or_exit(topology, as_json, SLURM_SKIP if on_slurm else frozenset())
     opts = bench.BenchOptions(
         num_prompts=num_prompts,
         input_len=input_len,

@@ -47,6 +47,7 @@ from pdlaunch.cli.options import (
 from pdlaunch.cli.reports import print_report
 from pdlaunch.cli.slurm import (
     AccountOpt,
+    BackendConfigOpt,
     BackendOpt,
     CpusPerNodeOpt,
     ExclusiveOpt,
@@ -244,12 +245,13 @@ def up_cmd(
     account: AccountOpt = None,
     qos: QosOpt = None,
     time_limit: TimeOpt = None,
-    exclusive: ExclusiveOpt = False,
+    exclusive: ExclusiveOpt = None,
     mem: MemOpt = None,
     sbatch_opt: SbatchOpt = None,
     start_timeout: StartTimeoutOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
     cpus_per_node: CpusPerNodeOpt = None,
+    backend_config: BackendConfigOpt = None,
 ) -> None:
     """Start the deployment on every host, wait for health, check one request, record it.
 
@@ -267,8 +269,7 @@ def up_cmd(
         topology_path=str(topology.resolve()),
     )
     if chosen == "slurm":
-        opts.slurm = slurm_cli.options(flags, as_json=as_json)
-        plan, _, _ = slurm_cli.validated(topology, opts.slurm, as_json)
+        plan, _, _, opts.slurm = slurm_cli.validated(topology, flags, as_json)
         runtime = runtime_for("slurm")
     else:
         # A running Slurm job of this deployment is the first thing to say (before rules the

@@ -21,6 +21,7 @@ import typer
 from rich.markup import escape
 
 from pdlaunch import record
+from pdlaunch.backend_settings import SlurmSettings, merged
 from pdlaunch.backends import slurm, slurm_rules
 from pdlaunch.backends.slurm import SlurmError, SlurmOptions
 from pdlaunch.backends.slurm_client import expand_hostlist, partition_limits
@@ -31,6 +32,7 @@ from pdlaunch.cli.app import (
     err,
     failed,
     finding_dict,
+    input_errors,
     load_or_exit,
     out,
     print_error,
@@ -38,9 +40,10 @@ from pdlaunch.cli.app import (
     print_json,
     refuse,
 )
+from pdlaunch.load import LoadError, load_backend_config
 from pdlaunch.plan import Plan, build_plan
 from pdlaunch.render import RenderedFile, plan_json, write_files
-from pdlaunch.rules import RUNTIME_ADDRESSED, Finding, has_errors, validate
+from pdlaunch.rules import SLURM_SKIP, Finding, has_errors, validate
 from pdlaunch.state import StateError
 
 
@@ -96,8 +99,23 @@ TimeOpt = Annotated[
     ),
 ]
 ExclusiveOpt = Annotated[
-    bool,
-    typer.Option("--exclusive", help="Share no node with other jobs", rich_help_panel=_PANEL),
+    bool | None,
+    typer.Option(
+        "--exclusive/--no-exclusive",
+        help="Share no node with other jobs (default: the slurm: block's, else no)",
+        show_default=False,
+        rich_help_panel=_PANEL,
+    ),
+]
+BackendConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--backend-config",
+        help="YAML with a slurm: block (the keys of these flags, e.g. partition, time, "
+        "sbatch_opt); over the topology's slurm: block, under the flags typed",
+        show_default=False,
+        rich_help_panel=_PANEL,
+    ),
 ]
 MemOpt = Annotated[
     str | None,
@@ -150,12 +168,13 @@ class SlurmFlags:
     account: str | None = None
     qos: str | None = None
     time: str | None = None
-    exclusive: bool = False
+    exclusive: bool | None = None
     mem: str | None = None
     sbatch_opt: tuple[str, ...] = ()
     start_timeout: int | None = None
     gpus_per_node: int | None = None
     cpus_per_node: int | None = None
+    backend_config: Path | None = None
 
     @classmethod
     def of(cls, params: Mapping[str, Any]) -> SlurmFlags:
@@ -166,6 +185,13 @@ class SlurmFlags:
         values["time"] = params["time_limit"]
         values["sbatch_opt"] = tuple(params["sbatch_opt"] or ())
         return cls(**values)
+
+    def given(self) -> dict[str, Any]:
+        """The flags typed, as backend_settings keys (an absent flag leaves the block's)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        del out["backend_config"]
+        out["sbatch_opt"] = list(self.sbatch_opt)
+        return {k: v for k, v in out.items() if v is not None}
 
 
 
@@ -215,24 +241,46 @@ def _nodes(text: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def options(flags: SlurmFlags, *, as_json: bool = False) -> SlurmOptions:
-    """`SlurmOptions` from the flags (exit 2 on a bad value), with the partition's GPUs and
-    CPUs per node from sinfo when the flags do not give them and sinfo answers."""
+def settings(flags: SlurmFlags, block: SlurmSettings | None, as_json: bool) -> dict[str, Any]:
+    """The Slurm settings of this run: the topology's ``slurm:`` block, then the
+    ``--backend-config`` file's, then the flags typed (pdlaunch/backend_settings.py). Exit 2
+    with the file, line and key of a bad value in the file."""
+    layers = [block.given() if block is not None else {}]
+    if flags.backend_config is not None:
+        try:
+            config = load_backend_config(flags.backend_config)
+        except LoadError as exc:
+            input_errors(exc, as_json)
+        layers.append(config.slurm.given() if config.slurm is not None else {})
+    layers.append(flags.given())
+    return merged(*layers)
+
+
+def options(
+    flags: SlurmFlags, block: SlurmSettings | None = None, *, as_json: bool = False
+) -> SlurmOptions:
+    """`SlurmOptions` from the settings (:func:`settings`; exit 2 on a bad value), with the
+    partition's GPUs and CPUs per node from sinfo when they do not give them and sinfo
+    answers."""
+    given = settings(flags, block, as_json)
     extra: dict[str, Any] = {}
-    if flags.start_timeout is not None:
-        extra["start_timeout"] = flags.start_timeout
+    if given.get("start_timeout") is not None:
+        extra["start_timeout"] = given["start_timeout"]
+    nodelist = given.get("nodelist")
+    if isinstance(nodelist, list):
+        nodelist = ",".join(nodelist)
     try:
         opts = SlurmOptions(
-            partition=flags.partition,
-            nodelist=None if flags.nodelist is None else _nodes(flags.nodelist),
-            account=flags.account,
-            qos=flags.qos,
-            time=flags.time,
-            exclusive=flags.exclusive,
-            mem=flags.mem,
-            extra_sbatch=tuple(flags.sbatch_opt),
-            gpus_per_node=flags.gpus_per_node,
-            cpus_per_node=flags.cpus_per_node,
+            partition=given.get("partition"),
+            nodelist=None if nodelist is None else _nodes(nodelist),
+            account=given.get("account"),
+            qos=given.get("qos"),
+            time=given.get("time"),
+            exclusive=bool(given.get("exclusive")),
+            mem=given.get("mem"),
+            extra_sbatch=tuple(given.get("sbatch_opt", ())),
+            gpus_per_node=given.get("gpus_per_node"),
+            cpus_per_node=given.get("cpus_per_node"),
             **extra,
         )
     except SlurmError as exc:
@@ -260,13 +308,16 @@ def options(flags: SlurmFlags, *, as_json: bool = False) -> SlurmOptions:
 
 # -- validate, render -----------------------------------------------------------------------------
 def validated(
-    path: Path, opts: SlurmOptions, as_json: bool
-) -> tuple[Plan, list[Finding], list[RenderedFile]]:
-    """Every rule, then the Slurm placement rules, then the job's files rendered (a value no
-    sbatch line can hold is found there). Exit 2 on unreadable input, 1 on any error."""
+    path: Path, flags: SlurmFlags, as_json: bool
+) -> tuple[Plan, list[Finding], list[RenderedFile], SlurmOptions]:
+    """Every rule, then the Slurm placement rules (with the options of the topology's
+    ``slurm:`` block, the --backend-config file and the flags), then the job's files rendered
+    (a value no sbatch line can hold is found there). Exit 2 on unreadable input, 1 on any
+    error."""
     topo, source = load_or_exit(path, as_json)
+    opts = options(flags, topo.slurm, as_json=as_json)
     # The job exports each node's own address as the side-channel host (PDLAUNCH_NODE_ADDR).
-    findings = validate(topo, source, RUNTIME_ADDRESSED)
+    findings = validate(topo, source, SLURM_SKIP)
     if has_errors(findings):
         refuse(path, findings, as_json, "Slurm")
     plan = build_plan(topo)
@@ -284,11 +335,11 @@ def validated(
         raise typer.Exit(EXIT_FINDINGS) from None
     if findings and not as_json:
         print_findings(findings)
-    return plan, findings, files
+    return plan, findings, files, opts
 
 
 def validate_cmd(path: Path, flags: SlurmFlags, as_json: bool) -> None:
-    plan, findings, _ = validated(path, options(flags, as_json=as_json), as_json)
+    plan, findings, _, _ = validated(path, flags, as_json)
     if as_json:
         print_json(
             {"valid": True, "backend": "slurm", "findings": [finding_dict(f) for f in findings]}
@@ -302,7 +353,7 @@ def validate_cmd(path: Path, flags: SlurmFlags, as_json: bool) -> None:
 
 
 def render_cmd(path: Path, output: Path, flags: SlurmFlags, as_json: bool) -> None:
-    plan, _, files = validated(path, options(flags, as_json=as_json), as_json)
+    plan, _, files, _ = validated(path, flags, as_json)
     if output.exists() and not output.is_dir():
         bad_input(f"{output}: exists and is not a directory")
     files += [slurm.job_index(plan), RenderedFile("plan.json", plan_json(plan), False)]

@@ -30,6 +30,7 @@ from pdlaunch.cli.k8s import ImageOpt, K8sTarget, K8sTargetOpt
 from pdlaunch.cli.options import JsonOpt, TopologyArg
 from pdlaunch.cli.slurm import (
     AccountOpt,
+    BackendConfigOpt,
     CpusPerNodeOpt,
     ExclusiveOpt,
     GpusPerNodeOpt,
@@ -109,12 +110,13 @@ def validate_cmd(
     account: AccountOpt = None,
     qos: QosOpt = None,
     time_limit: TimeOpt = None,
-    exclusive: ExclusiveOpt = False,
+    exclusive: ExclusiveOpt = None,
     mem: MemOpt = None,
     sbatch_opt: SbatchOpt = None,
     start_timeout: StartTimeoutOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
     cpus_per_node: CpusPerNodeOpt = None,
+    backend_config: BackendConfigOpt = None,
     k8s_target: K8sTargetOpt = K8sTarget.disaggregatedset,
     image: ImageOpt = None,
 ) -> None:
@@ -219,12 +221,13 @@ def render_cmd(
     account: AccountOpt = None,
     qos: QosOpt = None,
     time_limit: TimeOpt = None,
-    exclusive: ExclusiveOpt = False,
+    exclusive: ExclusiveOpt = None,
     mem: MemOpt = None,
     sbatch_opt: SbatchOpt = None,
     start_timeout: StartTimeoutOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
     cpus_per_node: CpusPerNodeOpt = None,
+    backend_config: BackendConfigOpt = None,
     k8s_target: K8sTargetOpt = K8sTarget.disaggregatedset,
     image: ImageOpt = None,
 ) -> None:

@@ -7,12 +7,23 @@ versions.py (what is rendered for each instance's vLLM release, and P/D release 
 """
 
 # Each module registers its rules on import.
-from pdlaunch.rules import args, cluster, container, cpu, cpu_isa, kv, lease, versions  # noqa: F401
+from pdlaunch.rules import (  # noqa: F401
+    args,
+    backend,
+    cluster,
+    container,
+    cpu,
+    cpu_isa,
+    kv,
+    lease,
+    versions,
+)
 from pdlaunch.rules.base import (
     KV_UTILS,
     NIXL,
     RULES,
     RUNTIME_ADDRESSED,
+    SLURM_SKIP,
     Finding,
     Rule,
     check,
@@ -25,6 +36,7 @@ __all__ = [
     "NIXL",
     "RULES",
     "RUNTIME_ADDRESSED",
+    "SLURM_SKIP",
     "Finding",
     "Rule",
     "check",

@@ -69,6 +69,8 @@ def warning(rule_id: str, field: FieldPath, message: str, fix: str, source: str)
 # Rules about addresses the SSH backend writes into scripts; Slurm (PDLAUNCH_NODE_ADDR) and
 # Kubernetes (status.podIP) put each node's own address there at run time instead.
 RUNTIME_ADDRESSED = frozenset({"side-channel-host"})
+# What Slurm skips: those, and the warning that a `slurm:` block is not read (rules/backend.py).
+SLURM_SKIP = RUNTIME_ADDRESSED | {"unused-backend-block"}
 
 
 def check(topo: Topology, skip: frozenset[str] = frozenset()) -> list[Finding]:

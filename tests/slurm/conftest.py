@@ -9,7 +9,7 @@
 * ``fake_bins`` (session, tests/conftest.py): the launch tests' stand-ins for `vllm serve`
   and vllm-router.
 * ``fake_slurm``: stand-in Slurm commands on PATH that record every call
-  (tests/slurm/fake_slurm.py), for faults the real cluster cannot show on demand.
+  (pdlaunch.testing.FakeSlurm), for faults the real cluster cannot show on demand.
 * ``state_dir`` (autouse): pdlaunch's state (the Slurm record) in the test's own tmp dir.
 """
 

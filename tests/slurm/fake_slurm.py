@@ -1,146 +1,20 @@
-"""Stand-in Slurm client commands (sbatch, squeue, sacct, scancel, scontrol, sinfo) that record
-every call, for the faults a real cluster cannot be made to show on demand: sbatch refusing a
-job, a record naming another user's job, an engine port answering garbage.
-
-The commands are small Python scripts on PATH. Their shared state is one JSON file: the jobs
-the "controller" holds (``{id: {name, user, workdir, state, nodes}}``), what sbatch answers,
-and the calls so far. Output formats follow Slurm 22.05's for the fields pdlaunch asks for
-(``squeue -o`` with ``%i %T %N %r %j %u %Z``, ``sacct -P``, ``scontrol show hostnames``,
-``scontrol show node -o``); an unknown job id makes squeue fail as the real one does
-("Invalid job id specified", exit 1). scancel applies ``--name``/``--user`` to the job id
-given, as the real one does (tests/slurm/test_slurm_hardening.py checks that on the real
-cluster).
-"""
+"""The ``fake_slurm`` fixture: :class:`pdlaunch.testing.FakeSlurm`'s stand-in Slurm commands
+first on PATH for one test, for the faults a real cluster cannot be made to show on demand
+(sbatch refusing a job, a record naming another user's job, an engine port answering
+garbage). The fake itself ships with the package, for users' own tests."""
 
 from __future__ import annotations
 
-import json
-import os
-import pwd
-import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-_COMMON = r'''
-import fcntl, json, os, re, sys
-STATE = os.environ["PDL_FAKE_SLURM_STATE"]
-# One command at a time, as slurmctld serialises its RPCs: pdlaunch asks squeue from several
-# threads at once (one health watcher per process), and two commands sharing the state file
-# would lose each other's writes (or read a half-written one).
-_LOCK = open(STATE + ".lock", "w")
-fcntl.flock(_LOCK, fcntl.LOCK_EX)
-def load():
-    with open(STATE) as f:
-        return json.load(f)
-def save(s):
-    tmp = STATE + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(s, f)
-    os.replace(tmp, STATE)
-s = load()
-s["calls"].append([os.path.basename(sys.argv[0])] + sys.argv[1:])
-save(s)
-args = sys.argv[1:]
-def opt(name):
-    for i, a in enumerate(args):
-        if a == name and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(name + "="):
-            return a.split("=", 1)[1]
-    return None
-'''
-
-_SCRIPTS = {
-    "sbatch": r'''
-sb = s["sbatch"]
-if sb.get("rc", 0):
-    sys.stderr.write(sb.get("stderr", "sbatch: error: Batch job submission failed") + "\n")
-    sys.exit(sb["rc"])
-jid = str(sb.get("job_id", "4242"))
-job = {"name": "", "user": s["user"], "workdir": "", "state": sb.get("state", "RUNNING"),
-       "nodes": sb.get("nodes", "n1")}
-script = [a for a in args if not a.startswith("-")][-1]
-for line in open(script):
-    m = re.match(r"#SBATCH --(job-name|chdir)=(\S+)", line)
-    if m and not job["name" if m.group(1) == "job-name" else "workdir"]:
-        job["name" if m.group(1) == "job-name" else "workdir"] = m.group(2)
-s["jobs"][jid] = job
-save(s)
-print(sb.get("answer", jid))
-''',
-    "squeue": r'''
-jid, fmt = opt("-j"), opt("-o")
-job = s["jobs"].get(jid)
-if job is None:
-    sys.stderr.write("slurm_load_jobs error: Invalid job id specified\n")
-    sys.exit(1)
-fields = {"i": jid, "T": job["state"], "N": job["nodes"], "r": "None", "j": job["name"],
-          "u": job["user"], "Z": job["workdir"]}
-print(re.sub(r"%(\w)", lambda m: fields[m.group(1)], fmt))
-''',
-    "sacct": r'''
-sys.exit(0)  # no accounting: a job squeue forgot is gone
-''',
-    "scancel": r'''
-jid = [a for a in args if not a.startswith("-")][-1]
-job = s["jobs"].get(jid)
-name, user = opt("--name"), opt("--user")
-if job is not None and name in (None, job["name"]) and user in (None, job["user"]):
-    del s["jobs"][jid]
-    save(s)
-''',
-    "scontrol": r'''
-if args[:2] == ["show", "hostnames"]:
-    print("\n".join(args[2].split(",")))
-elif args[:2] == ["show", "node"]:
-    print(f"NodeName={args[-1]} NodeAddr=127.0.0.1 State=IDLE")
-''',
-    "sinfo": r'''
-print("2|(null)")
-''',
-}
-
-
-@dataclass
-class FakeSlurm:
-    state_file: Path
-    user: str
-
-    def read(self) -> dict[str, Any]:
-        return json.loads(self.state_file.read_text())
-
-    def update(self, **changes: Any) -> None:
-        s = self.read()
-        s.update(changes)
-        self.state_file.write_text(json.dumps(s))
-
-    def calls(self, command: str | None = None) -> list[list[str]]:
-        return [c for c in self.read()["calls"] if command is None or c[0] == command]
-
-    @property
-    def jobs(self) -> dict[str, dict[str, str]]:
-        return self.read()["jobs"]
-
-    def add_job(self, job_id: str, **job: str) -> None:
-        s = self.read()
-        s["jobs"][job_id] = {"state": "RUNNING", "nodes": "n1", "user": self.user, **job}
-        self.state_file.write_text(json.dumps(s))
+from pdlaunch.testing import FakeSlurm
 
 
 @pytest.fixture
 def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
-    bin_dir = tmp_path / "fake-slurm-bin"
-    bin_dir.mkdir()
-    for name, body in _SCRIPTS.items():
-        path = bin_dir / name
-        path.write_text(f"#!{sys.executable} -S\n{_COMMON}\n{body}")
-        path.chmod(0o755)
-    user = pwd.getpwuid(os.getuid()).pw_name
-    state = tmp_path / "fake-slurm.json"
-    state.write_text(json.dumps({"calls": [], "jobs": {}, "sbatch": {}, "user": user}))
-    monkeypatch.setenv("PDL_FAKE_SLURM_STATE", str(state))
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    return FakeSlurm(state, user)
+    slurm = FakeSlurm.install(tmp_path / "fake-slurm")
+    for key, value in slurm.environ().items():
+        monkeypatch.setenv(key, value)
+    return slurm

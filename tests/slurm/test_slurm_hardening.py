@@ -1,5 +1,5 @@
 """The Slurm backend under faults and hostile input, with stand-in Slurm commands that record
-every call (tests/slurm/fake_slurm.py): unsafe work dirs, links at log paths, sbatch refusing
+every call (pdlaunch.testing.FakeSlurm): unsafe work dirs, links at log paths, sbatch refusing
 the job, an engine port answering garbage, an interrupt, a record naming another job or a
 file outside the deployment, a record of the wrong shape. Each case failed before the
 hardening of issue 26 (the job left allocated, secrets left behind, a stranger's job
@@ -22,8 +22,8 @@ from pdlaunch.plan import Plan
 from pdlaunch.runtime import lifecycle
 from pdlaunch.runtime.slurm import jobs
 from pdlaunch.state import StateError
+from pdlaunch.testing import FakeSlurm
 from tests.slurm import runtime_support as slurm_rt
-from tests.slurm.fake_slurm import FakeSlurm
 from tests.slurm.helpers import REPO, fake_spec, planned
 from tests.sshd import free_port
 
