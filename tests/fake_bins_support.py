@@ -27,3 +27,37 @@ def fake_bins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "vllm": install_fake(LAUNCH / "fake_vllm.py", d / "fake-vllm"),
         "router": install_fake(LAUNCH / "fake_router.py", d / "fake-router"),
     }
+
+
+# A stand-in `docker`/`podman` for processes rendered to run in a container: `container
+# inspect` finds no earlier container; `run` execs the command after the image with only what
+# a container gets: the variables passed by --env plus ``image_env`` (a Python dict
+# expression evaluated inside the stand-in: the image's own PATH, LD_LIBRARY_PATH, ...).
+CONTAINER_RUNTIME_STANDIN = """#!{python}
+import os, sys
+args = sys.argv[1:]
+if args[:1] == ["container"]:
+    sys.exit(1)  # no earlier container
+assert args[0] == "run", args
+VALUED = {{"--name", "--cidfile", "--label", "--shm-size", "--device", "-v", "--env", "-e"}}
+env = {image_env}
+i = 1
+while args[i].startswith("-"):
+    if args[i] in VALUED:
+        if args[i] in ("--env", "-e"):
+            name, eq, val = args[i + 1].partition("=")
+            if eq:
+                env[name] = val
+            elif name in os.environ:
+                env[name] = os.environ[name]
+        i += 2
+    else:
+        i += 1
+argv = args[i + 1:]
+os.execvpe(argv[0], argv, env)
+"""
+
+
+def container_runtime_standin(image_env: str) -> str:
+    """The stand-in's script text for this interpreter (see CONTAINER_RUNTIME_STANDIN)."""
+    return CONTAINER_RUNTIME_STANDIN.format(python=sys.executable, image_env=image_env)

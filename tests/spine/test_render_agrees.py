@@ -9,7 +9,6 @@ import json
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from pdlaunch.load import load, load_text
 from pdlaunch.plan import build_plan
 from pdlaunch.render import container_argv, render_plan
 from pdlaunch.rules import has_errors, validate
+from tests.fake_bins_support import container_runtime_standin
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "topologies").glob("*.yaml"))
@@ -339,29 +339,8 @@ FAKE = """#!/bin/bash
 printf '%s\\0' "$0" "$@" > "$FAKE_OUT.argv"
 env -0 > "$FAKE_OUT.env"
 """
-# `docker`/`podman` for processes in a container: exec the command after the image with only
-# what a container gets (the --env variables; PATH and FAKE_OUT as the image's own).
-FAKE_RUNTIME = """#!{python}
-import os, sys
-args = sys.argv[1:]
-if args[:1] == ["container"]:
-    sys.exit(1)  # no earlier container
-VALUED = {{"--name", "--cidfile", "--label", "--shm-size", "--device", "-v", "--env", "-e"}}
-env = {{"PATH": os.environ["PATH"], "FAKE_OUT": os.environ["FAKE_OUT"]}}
-i = 1
-while args[i].startswith("-"):
-    if args[i] in VALUED:
-        if args[i] in ("--env", "-e"):
-            name, eq, val = args[i + 1].partition("=")
-            if eq:
-                env[name] = val
-            elif name in os.environ:
-                env[name] = os.environ[name]
-        i += 2
-    else:
-        i += 1
-os.execvpe(args[i + 1], args[i + 1:], env)
-"""
+# `docker`/`podman` for processes in a container: the image's own PATH and FAKE_OUT.
+IMAGE_ENV = '{"PATH": os.environ["PATH"], "FAKE_OUT": os.environ["FAKE_OUT"]}'
 SECRET_VALUE = 's3cr\'et "v"\nline'
 BASH_OWN = {"PATH", "FAKE_OUT", "PWD", "SHLVL", "_", "OLDPWD"}
 
@@ -376,7 +355,7 @@ def test_bash_execs_exactly_the_plan(loader, tmp_path):
         (fakebin / name).write_text(FAKE)
         (fakebin / name).chmod(0o755)
     for name in {p.container.runtime for p in plan.processes if p.container}:
-        (fakebin / name).write_text(FAKE_RUNTIME.format(python=sys.executable))
+        (fakebin / name).write_text(container_runtime_standin(IMAGE_ENV))
         (fakebin / name).chmod(0o755)
     scripts = {f.name: f.content for f in render_plan(plan)}
     ran = 0

@@ -36,6 +36,7 @@ from pdlaunch.load import load
 from pdlaunch.plan import build_plan
 from pdlaunch.render import render_plan, write_files
 from pdlaunch.rules import has_errors, validate
+from tests.fake_bins_support import container_runtime_standin
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = ROOT / "tests" / "fixtures" / "seeds"
@@ -48,6 +49,7 @@ INHERITED_LD = "/inherited/lib"
 
 FAKE = """#!{python}
 import json, os, sys
+from tests.fake_bins_support import container_runtime_standin
 with open(os.environ["PDLAUNCH_FAKE_OUT"], "w", encoding="utf-8") as f:
     json.dump({{"argv": [os.path.basename(sys.argv[0]), *sys.argv[1:]],
                 "env": dict(os.environ)}}, f)
@@ -57,37 +59,13 @@ with open(os.environ["PDLAUNCH_FAKE_OUT"], "w", encoding="utf-8") as f:
 # --------------------------------------------------------------------------- running
 
 
-# A stand-in `docker`/`podman` for the shipped examples whose engines run in containers: `run`
-# execs the command after the image with only what the container would get (the variables
-# passed by --env, the fake image's PATH, and its own LD_LIBRARY_PATH, INHERITED_LD, as an
-# image's); `container inspect` finds no earlier container.
-FAKE_RUNTIME = """#!{python}
-import os, sys
-args = sys.argv[1:]
-if args[:1] == ["container"]:
-    sys.exit(1)
-assert args[0] == "run", args
-VALUED = {{"--name", "--cidfile", "--label", "--shm-size", "--device", "-v", "--env", "-e"}}
-env = {{"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": {inherited!r},
-        "PDLAUNCH_FAKE_OUT": os.environ["PDLAUNCH_FAKE_OUT"]}}
-i = 1
-while args[i].startswith("-"):
-    flag = args[i]
-    if flag in VALUED:
-        value = args[i + 1]
-        if flag in ("--env", "-e"):
-            name, eq, val = value.partition("=")
-            if eq:
-                env[name] = val
-            elif name in os.environ:
-                env[name] = os.environ[name]
-        i += 2
-    else:
-        i += 1
-argv = args[i + 1:]
-os.execvpe(argv[0], argv, env)
-"""
-
+# The image env of the stand-in `docker`/`podman` (tests/fake_bins_support.py) for the shipped
+# examples whose engines run in containers: the fake image's PATH and its own LD_LIBRARY_PATH,
+# INHERITED_LD, as an image's.
+IMAGE_ENV = (
+    '{"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": %r, '
+    '"PDLAUNCH_FAKE_OUT": os.environ["PDLAUNCH_FAKE_OUT"]}'
+)
 
 @dataclass
 class Ran:
@@ -105,7 +83,7 @@ def fakebin(tmp_path: Path) -> Path:
         exe.chmod(0o755)
     for name in ("docker", "podman"):
         exe = bin_dir / name
-        exe.write_text(FAKE_RUNTIME.format(python=sys.executable, inherited=INHERITED_LD))
+        exe.write_text(container_runtime_standin(IMAGE_ENV % INHERITED_LD))
         exe.chmod(0o755)
     return bin_dir
 
