@@ -38,6 +38,7 @@ frontends) as differences of means, marked derived.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,18 +98,8 @@ class HopStat:
     derived: bool = False  # a difference of means, not a histogram
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "hop": self.key,
-            "label": self.label,
-            "source": self.source,
-            "count": self.count,
-            "mean_s": self.mean_s,
-            "p50_s": self.p50_s,
-            "p99_s": self.p99_s,
-            "p50_bound": self.p50_bound,
-            "p99_bound": self.p99_bound,
-            "derived": self.derived,
-        }
+        fields = dataclasses.asdict(self)
+        return {"hop": fields.pop("key"), **fields}
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,39 +27,17 @@ import yaml
 from pdlaunch.backends.slurm_record import load_record
 from pdlaunch.runtime.slurm import jobs
 from pdlaunch.state import deployment_dir
+from tests import pdl_cli
 from tests.launch.helpers import procs_under, wait_no_procs
+from tests.pdl_cli import TRACEBACK, Run
 from tests.slurm.helpers import fake_spec
 from tests.sshd import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-TRACEBACK = "Traceback (most recent call last)"
-
-
-@dataclass
-class Run:
-    rc: int
-    stdout: str
-    stderr: str
-
-    def json(self) -> dict:
-        return json.loads(self.stdout)
-
-    def __str__(self) -> str:
-        return f"rc={self.rc}\n--- stdout ---\n{self.stdout}\n--- stderr ---\n{self.stderr}"
 
 
 def pdl(*args: object, limit: float = 240.0) -> Run:
-    res = subprocess.run(
-        [sys.executable, "-m", "pdlaunch", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=limit,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-    )
-    run = Run(res.returncode, res.stdout, res.stderr)
-    assert TRACEBACK not in run.stdout + run.stderr, f"a traceback reached the user\n{run}"
-    return run
+    return pdl_cli.pdl(*args, limit=limit)
 
 
 def spawn(*args: object) -> subprocess.Popen:

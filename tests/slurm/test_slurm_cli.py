@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,42 +18,15 @@ import pytest
 from pdlaunch.backends import slurm
 from pdlaunch.runtime.slurm import jobs
 from pdlaunch.state import list_deployments
+from tests.pdl_cli import TRACEBACK, pdl
 from tests.slurm import runtime_support as slurm_rt
 from tests.slurm.helpers import REPO, fake_spec, planned
 from tests.sshd import free_port
 
 pytestmark = pytest.mark.slurm
 
-TRACEBACK = "Traceback (most recent call last)"
 
 
-@dataclass
-class Run:
-    rc: int
-    stdout: str
-    stderr: str
-
-    @property
-    def output(self) -> str:
-        return self.stdout + self.stderr
-
-    def __str__(self) -> str:
-        return f"rc={self.rc}\n--- stdout ---\n{self.stdout}\n--- stderr ---\n{self.stderr}"
-
-
-def pdl(*args: object, limit: float = 180.0) -> Run:
-    """``pdlaunch ARGS`` to its end, with this test's environment (state dir, SLURM_CONF)."""
-    res = subprocess.run(
-        [sys.executable, "-m", "pdlaunch", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=limit,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-    )
-    run = Run(res.returncode, res.stdout, res.stderr)
-    assert TRACEBACK not in run.output, f"a Python traceback reached the user\n{run}"
-    return run
 
 
 def _ports() -> dict[str, int]:
