@@ -31,8 +31,9 @@ engines to pair, and which doctor findings explain a failure, the callers decide
 
 from __future__ import annotations
 
+import queue
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -287,7 +288,7 @@ def _settled(
 
 
 # -- every pair -----------------------------------------------------------------------------------
-def check_pairs(
+def iter_pairs(
     prefills: Sequence[Engine],
     decodes: Sequence[Engine],
     model: str,
@@ -296,35 +297,61 @@ def check_pairs(
     settle: float = 5.0,
     min_prompt_tokens: int = 0,
     parallel: bool = True,
-    on_pair: Callable[[PairResult], None] | None = None,
-) -> list[PairResult]:
-    """Every (prefill, decode) pair, in prefill-major order within each decode. A decode's
-    pairs run in turn (its counters are per engine); with ``parallel``, the decodes run at
-    once. ``on_pair`` is called as each pair finishes (from the decode's thread)."""
+) -> Iterator[PairResult]:
+    """Every (prefill, decode) pair, each yielded as it finishes, so the caller reports
+    progress in its own thread, without handing this module a callback. A decode's pairs run
+    in turn (its counters are per engine); with ``parallel``, the decodes run at once."""
 
-    def one_decode(decode: Engine) -> list[PairResult]:
-        out = []
-        for prefill in prefills:
-            r = check_pair(
-                prefill,
-                decode,
-                model,
-                timeout=timeout,
-                settle=settle,
-                min_prompt_tokens=min_prompt_tokens,
-            )
-            if on_pair is not None:
-                on_pair(r)
-            out.append(r)
-        return out
+    def one(prefill: Engine, decode: Engine) -> PairResult:
+        return check_pair(
+            prefill,
+            decode,
+            model,
+            timeout=timeout,
+            settle=settle,
+            min_prompt_tokens=min_prompt_tokens,
+        )
 
     if not parallel or len(decodes) <= 1:
-        per_decode = [one_decode(d) for d in decodes]
-    else:
-        with ThreadPoolExecutor(max_workers=len(decodes)) as pool:
-            per_decode = list(pool.map(one_decode, decodes))
-    # Report in (prefill, decode) order, whatever order they ran in.
-    by_pair = {(r.prefill, r.decode): r for rs in per_decode for r in rs}
+        for decode in decodes:
+            for prefill in prefills:
+                yield one(prefill, decode)
+        return
+    finished: queue.Queue[PairResult | BaseException] = queue.Queue()
+
+    def one_decode(decode: Engine) -> None:
+        try:
+            for prefill in prefills:
+                finished.put(one(prefill, decode))
+        except BaseException as exc:  # handed to the caller's thread, raised there
+            finished.put(exc)
+
+    with ThreadPoolExecutor(max_workers=len(decodes)) as pool:
+        for decode in decodes:
+            pool.submit(one_decode, decode)
+        for _ in range(len(prefills) * len(decodes)):
+            item = finished.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
+def check_pairs(
+    prefills: Sequence[Engine],
+    decodes: Sequence[Engine],
+    model: str,
+    **options: Any,
+) -> list[PairResult]:
+    """Every pair of :func:`iter_pairs` (same options), in (prefill, decode) order whatever
+    order they ran in."""
+    return in_pair_order(iter_pairs(prefills, decodes, model, **options), prefills, decodes)
+
+
+def in_pair_order(
+    results: Iterable[PairResult], prefills: Sequence[Engine], decodes: Sequence[Engine]
+) -> list[PairResult]:
+    """``results`` (as :func:`iter_pairs` yielded them) in (prefill, decode) order."""
+    by_pair = {(r.prefill, r.decode): r for r in results}
     return [by_pair[(p.name, d.name)] for p in prefills for d in decodes]
 
 

@@ -68,21 +68,21 @@ def canary_cmd(
         )
     t0 = time.monotonic()
 
-    def progress(r: pairs_canary.PairResult) -> None:
-        if not as_json:
-            mark = "[green]ok[/]" if r.ok else "[bold red]FAILED[/]"
-            err.print(f"canary {escape(r.pair)}: {mark} ({r.latency_s or 0:.2f}s)")
-
     min_tokens = _min_prompt_tokens(state)
-    results = pairs_canary.check_pairs(
+    results = []
+    for r in pairs_canary.iter_pairs(
         prefills,
         decodes,
         state.served_model_name,
         timeout=timeout,
         min_prompt_tokens=min_tokens,
         parallel=not sequential,
-        on_pair=progress,
-    )
+    ):
+        if not as_json:
+            mark = "[green]ok[/]" if r.ok else "[bold red]FAILED[/]"
+            err.print(f"canary {escape(r.pair)}: {mark} ({r.latency_s or 0:.2f}s)")
+        results.append(r)
+    results = pairs_canary.in_pair_order(results, prefills, decodes)
     bad = [r for r in results if not r.ok]
     note = None
     if bad:

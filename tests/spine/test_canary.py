@@ -116,10 +116,9 @@ def test_every_pair_of_2x2_is_asked_and_the_broken_one_named() -> None:
     ):
         prefills = [canary.Engine("prefill-0", p0.url), canary.Engine("prefill-1", p1.url)]
         decodes = [canary.Engine("decode-0", d0.url), canary.Engine("decode-1", d1.url)]
-        seen: list[str] = []
-        results = canary.check_pairs(
-            prefills, decodes, MODEL, timeout=10, settle=0.5, on_pair=lambda r: seen.append(r.pair)
-        )
+        yielded = list(canary.iter_pairs(prefills, decodes, MODEL, timeout=10, settle=0.5))
+        seen = [r.pair for r in yielded]
+        results = canary.in_pair_order(yielded, prefills, decodes)
     assert [r.pair for r in results] == [
         "prefill-0 → decode-0",
         "prefill-0 → decode-1",
@@ -228,3 +227,35 @@ def test_summary_keeps_the_router_fields_and_adds_pairs() -> None:
     assert s.details["router"] == {"ok": True, "message": "served disaggregated"}
     assert "all 1 prefill → decode pair(s)" in s.message and "router: served" in s.message
     assert not canary.summarize([ok], CanaryResult(False, "no")).ok
+
+
+def test_pairs_are_yielded_as_they_finish_and_a_thread_error_reaches_the_caller(
+    monkeypatch,
+) -> None:
+    """iter_pairs reports a fast decode's pair before a slow decode's is done (progress while
+    waiting), and an exception inside a decode's thread is raised in the caller's thread."""
+    slow_done = threading.Event()
+
+    def fake_check(prefill, decode, model, **kw):
+        if decode.name == "decode-slow":
+            assert slow_done.wait(10)
+            if prefill.name == "prefill-boom":
+                raise RuntimeError("decode thread failed")
+        return canary.PairResult(prefill.name, decode.name, ok=True, message="ok")
+
+    monkeypatch.setattr(canary, "check_pair", fake_check)
+    prefills = [canary.Engine("prefill-0", "http://x")]
+    decodes = [canary.Engine("decode-slow", "http://s"), canary.Engine("decode-fast", "http://f")]
+    it = canary.iter_pairs(prefills, decodes, MODEL)
+    first = next(it)  # would block forever if results came only once every decode finished
+    assert first.decode == "decode-fast"
+    slow_done.set()
+    assert [r.decode for r in it] == ["decode-slow"]
+
+    slow_done.clear()
+    boom = [canary.Engine("prefill-boom", "http://b")]
+    it = canary.iter_pairs(boom, decodes, MODEL)
+    assert next(it).decode == "decode-fast"
+    slow_done.set()
+    with pytest.raises(RuntimeError, match="decode thread failed"):
+        list(it)

@@ -82,16 +82,18 @@ def run_canary(run: Run) -> health.CanaryResult | None:
             f"canary: {len(prefills) * len(decodes)} prefill {pairs_canary.ARROW} decode "
             "pair(s), each sent directly"
         )
-        results = pairs_canary.check_pairs(
+        for r in pairs_canary.iter_pairs(
             prefills,
             decodes,
             plan.served_model_name,
             timeout=timeout(),
             min_prompt_tokens=min_tokens,
-            on_pair=lambda r: reporter.step(
+        ):
+            reporter.step(
                 f"canary {r.pair}: {'ok' if r.ok else 'FAILED'} ({r.latency_s or 0:.2f}s)"
-            ),
-        )
+            )
+            results.append(r)
+        results = pairs_canary.in_pair_order(results, prefills, decodes)
         bad = [r for r in results if not r.ok]
         if bad:
             _explain(bad, launch, reporter)
