@@ -31,15 +31,16 @@ import paramiko
 from fabric import Config, Connection
 from fabric.util import get_local_user
 
-from .base import (
-    CommandResult,
+from .errors import (
     CommandTimeout,
-    Host,
     HostAuthError,
     HostConnectionError,
     HostError,
     HostKeyError,
 )
+from .host import Host
+from .shell import with_args
+from .transport import CommandResult
 
 log = logging.getLogger("pdlaunch.hosts")
 # paramiko logs handshake failures at ERROR from its transport thread; we report them as
@@ -584,14 +585,10 @@ class _SshStream:
         with contextlib.suppress(Exception):
             self.chan.close()
         # Closing the channel does not stop a quiet `tail -F` on the host (no SIGPIPE until
-        # it writes): kill it, if it is still the tail we started.
+        # it writes): kill it, if it is still the tail we started (sh/stop-tail.sh).
         if self.pid and self.host.is_connected:
             with contextlib.suppress(HostError):
-                self.host._exec(
-                    f'[ "$(cat /proc/{self.pid}/comm 2>/dev/null)" = tail ] && kill {self.pid}'
-                    " 2>/dev/null; true",
-                    timeout=30,
-                )
+                self.host._exec(with_args("stop-tail.sh", str(int(self.pid))), timeout=30)
 
 
 def _label(conn: Connection) -> str:
