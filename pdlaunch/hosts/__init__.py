@@ -14,10 +14,11 @@ All failures a user can cause (unreachable host, auth, host keys, failed command
 ``check=True``) raise :class:`HostError` subclasses whose ``str()`` is a complete message.
 
 Modules: ``transport`` (run a command, write files), ``local`` / ``ssh`` (its two
-implementations), ``processes`` (start detached, find, is-alive, stop and prove gone),
-``logs`` (read, follow), ``host`` (the three together: :class:`Host`), ``errors``, ``shell``
-(quoting, and the sh scripts in ``sh/``), ``pool`` (one connection per host for a command),
-``containers`` (a process's docker/podman container).
+implementations; ``host_keys``: SSH's known_hosts and host-key policy), ``processes`` (start
+detached, find, is-alive, stop and prove gone), ``logs`` (read, follow), ``host`` (the three
+together: :class:`Host`), ``errors``, ``shell`` (quoting, and the sh scripts in ``sh/``),
+``pool`` (one connection per host for a command), ``containers`` (a process's docker/podman
+container).
 """
 
 from __future__ import annotations
