@@ -31,12 +31,6 @@ def script(name: str) -> str:
     return resources.files(__package__).joinpath("sh", name).read_text(encoding="utf-8")
 
 
-def script_names() -> list[str]:
-    """Every script shipped in ``sh/``."""
-    return sorted(p.name for p in resources.files(__package__).joinpath("sh").iterdir()
-                  if p.name.endswith(".sh"))  # fmt: skip
-
-
 def with_args(name: str, *words: str, libs: tuple[str, ...] = ()) -> str:
     """A command that runs ``sh/NAME`` with positional arguments ``words``, after defining
     the functions of the ``libs`` scripts. Each word must already be a quoted sh word

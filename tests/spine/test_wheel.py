@@ -19,7 +19,6 @@ import zipfile
 from pathlib import Path
 
 from pdlaunch.backends import slurm
-from pdlaunch.hosts.shell import script_names
 from pdlaunch.load import load
 from pdlaunch.plan import build_plan
 from pdlaunch.render import render_plan, write_files
@@ -54,7 +53,8 @@ def test_installed_wheel_renders_like_the_source_tree(tmp_path):
     assert "pdlaunch/topologies/local-cpu.yaml" in names
     # The sh the hosts send (pdlaunch/hosts/sh), read as package data: the Slurm render below
     # embeds sh/exec-owned.sh from the installed wheel.
-    host_scripts = {f"pdlaunch/hosts/sh/{n}" for n in script_names()}
+    sh_dir = ROOT / "pdlaunch" / "hosts" / "sh"
+    host_scripts = {f"pdlaunch/hosts/sh/{p.name}" for p in sh_dir.glob("*.sh")}
     assert "pdlaunch/hosts/sh/stop.sh" in host_scripts and host_scripts <= names
 
     venv = tmp_path / "venv"
