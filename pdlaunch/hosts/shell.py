@@ -28,16 +28,15 @@ def sh_quote_path(path: str) -> str:
 @functools.cache
 def script(name: str) -> str:
     """The text of ``sh/NAME`` (read once per process)."""
-    return resources.files(__package__).joinpath("sh", name).read_text(encoding="utf-8")
+    return (resources.files(__package__) / "sh" / name).read_text(encoding="utf-8")
 
 
 def with_args(name: str, *words: str, libs: tuple[str, ...] = ()) -> str:
     """A command that runs ``sh/NAME`` with positional arguments ``words``, after defining
     the functions of the ``libs`` scripts. Each word must already be a quoted sh word
     (:func:`shlex.quote`, :func:`sh_quote_path`, or the digits of an int)."""
-    return "".join(script(lib) + "\n" for lib in libs) + f"set -- {' '.join(words)}\n" + script(
-        name
-    )
+    defs = "".join(script(lib) + "\n" for lib in libs)
+    return f"{defs}set -- {' '.join(words)}\n{script(name)}"
 
 
 # The owned-script guard (sh/exec-owned.sh): the SSH start command and the Slurm node runner
