@@ -204,7 +204,7 @@ _LABELS = {
     "run<-run_jobs": "check-batch",
     "run<-release_one": "check-release-ports",
     "open_stream<-one": "check-hold-ports",
-    "find_started": "survey",
+    "find_tracked": "survey",
 }
 
 

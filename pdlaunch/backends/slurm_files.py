@@ -12,7 +12,7 @@ from pathlib import Path
 from pdlaunch.backends import slurm
 from pdlaunch.backends.slurm_record import SlurmRunError
 from pdlaunch.fsutil import atomic_write
-from pdlaunch.hosts.base import HostError
+from pdlaunch.hosts.errors import HostError
 from pdlaunch.hosts.local import LocalHost
 from pdlaunch.plan import Plan
 from pdlaunch.render import render_secrets

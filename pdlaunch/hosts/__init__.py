@@ -1,7 +1,6 @@
 """Hosts layer: the only code in pdlaunch that runs commands (locally or over SSH).
 
     host = open_host("gpu-node-1", ssh=SshSettings(user="ubuntu", key_file="~/.ssh/id_ed25519"))
-    host.put(script_text, "~/pdlaunch/run-prefill.sh", mode=0o755)
     host.put_files([Upload(a, "~/pdlaunch/a.sh", 0o755), Upload(b, "~/pdlaunch/b.env", 0o600)],
                    private_dirs=["~/pdlaunch"])  # many files, one round trip
     s = host.start_tracked("~/pdlaunch/run-prefill.sh", pid_file="~/pdlaunch/prefill.pid",
@@ -13,6 +12,13 @@
 
 All failures a user can cause (unreachable host, auth, host keys, failed command with
 ``check=True``) raise :class:`HostError` subclasses whose ``str()`` is a complete message.
+
+Modules: ``transport`` (run a command, write files), ``local`` / ``ssh`` (its two
+implementations; ``host_keys``: SSH's known_hosts and host-key policy), ``processes`` (start
+detached, find, is-alive, stop and prove gone), ``logs`` (read, follow), ``host`` (the three
+together: :class:`Host`), ``errors``, ``shell`` (quoting, and the sh scripts in ``sh/``),
+``pool`` (one connection per host for a command), ``containers`` (a process's docker/podman
+container).
 """
 
 from __future__ import annotations
@@ -22,27 +28,25 @@ from dataclasses import replace
 
 from pdlaunch.addresses import LOCAL_ADDRESSES, is_local_control_host
 
-from .base import (
+from .errors import (
     CommandError,
-    CommandResult,
     CommandTimeout,
-    Content,
-    Host,
     HostAuthError,
     HostConnectionError,
     HostError,
     HostKeyError,
-    LogFollower,
     ProcessSurvived,
-    Started,
     UnsafePathError,
-    Upload,
-    sh_quote_path,
 )
+from .host import Host
 from .local import LocalHost
+from .logs import LogFollower
 from .options import ConnectOptions
 from .pool import HostPool, parallel, ssh_settings
+from .processes import Started
+from .shell import sh_quote_path
 from .ssh import SshHost, SshSettings, fingerprint
+from .transport import CommandResult, Content, Upload
 
 __all__ = [
     "LOCAL_ADDRESSES",

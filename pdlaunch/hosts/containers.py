@@ -4,7 +4,9 @@ is a process's container running, and removing exactly the containers pdlaunch s
 A process's container is known by the id its `run --cidfile` wrote (containers.py), and, as
 a fallback for a start cut short before the id was written, by its name *and* pdlaunch's
 labels for that deployment and process: a container of the same name that someone else
-started carries neither, and is never touched. One command per call, sh only.
+started carries neither, and is never touched. One command per call, sh only: the scripts
+``sh/containers.sh`` (shared functions), ``sh/container-remove.sh`` and
+``sh/container-state.sh``, with the values set as quoted variables before them.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pdlaunch.containers import ENGINE_RUNTIMES, LABEL_DEPLOYMENT, LABEL_PROCESS
-from pdlaunch.hosts.base import Host, HostError
-from pdlaunch.hosts.shell import sh_quote_path
+from pdlaunch.hosts.errors import HostError
+from pdlaunch.hosts.host import Host
+from pdlaunch.hosts.shell import script, sh_quote_path
 
 if TYPE_CHECKING:  # the hosts layer does not import the plan at run time
     from pdlaunch.plan import Process
@@ -47,61 +50,13 @@ class ContainerRef:
                                                  "deployment", "process")})  # fmt: skip
 
 
-# $RT inspect fails with "no such container" (docker: "No such container", podman: "no such
-# container") when it is gone; any other failure (runtime missing, daemon down) proves
-# nothing, and says so (exit 5).
-_FUNCS = r"""
-_exists() {  # $1=id or name: 0 exists, 1 gone, 5 unknown (stderr says why)
-    _o=$("$RT" container inspect --format '{{.Id}}' "$1" 2>&1) && return 0
-    case $_o in *[Nn]"o such container"*|*"no container with"*) return 1;; esac
-    echo "$RT container inspect $1: $_o" >&2; return 5; }
-_ours() {  # ids of containers named $NAME carrying our deployment and process labels
-    "$RT" ps -a -q --no-trunc --filter "name=^$NAME\$" \
-        --filter "label=$LD=$DEP" --filter "label=$LP=$PROC" 2>/dev/null; }
-"""
-
-_REMOVE = r"""
-ids=
-if [ -s "$CIDF" ]; then
-    cid=$(cat -- "$CIDF") || cid=  # podman writes the id without a newline
-    case $cid in ''|*[!0-9a-f]*) echo "$CIDF does not hold a container id" >&2; exit 4;; esac
-    ids=$cid
-fi
-ids="$ids $(_ours)"
-removed=
-for id in $ids; do
-    _exists "$id"; rc=$?
-    [ $rc = 1 ] && continue
-    [ $rc = 5 ] && exit 5
-    "$RT" stop -t "$GRACE" "$id" >/dev/null 2>&1
-    "$RT" rm -f "$id" >/dev/null 2>&1
-    _exists "$id"; rc=$?
-    [ $rc = 5 ] && exit 5
-    if [ $rc = 0 ]; then echo "container $id ($NAME) still exists after $RT rm -f" >&2; exit 3; fi
-    removed="$removed $id"
-done
-rm -f -- "$CIDF"
-echo "removed$removed"
-"""
-
-_STATE = r"""
-id=
-if [ -s "$CIDF" ]; then id=$(cat -- "$CIDF") || id=; fi
-[ -n "$id" ] || id=$(_ours | head -n 1)
-[ -n "$id" ] || { echo none; exit 0; }
-_exists "$id"; rc=$?
-[ $rc = 1 ] && { echo none; exit 0; }
-[ $rc = 5 ] && exit 5
-"$RT" container inspect --format '{{.State.Status}}' "$id"
-"""
-
-
-def _vars(ref: ContainerRef, grace: float = 10.0) -> str:
+def _prelude(ref: ContainerRef, grace: float = 10.0) -> str:
+    """The container scripts' variables, quoted, and their shared functions."""
     q = shlex.quote
     return (
         f"RT={q(ref.runtime)}; NAME={q(ref.name)}; CIDF={sh_quote_path(ref.cid_path)}; "
         f"DEP={q(ref.deployment)}; PROC={q(ref.process)}; LD={q(LABEL_DEPLOYMENT)}; "
-        f"LP={q(LABEL_PROCESS)}; GRACE={int(max(0, grace))}\n"
+        f"LP={q(LABEL_PROCESS)}; GRACE={int(max(0, grace))}\n" + script("containers.sh") + "\n"
     )
 
 
@@ -109,7 +64,7 @@ def remove(host: Host, ref: ContainerRef, grace: float = 10.0, timeout: float = 
     """Stop (SIGTERM, ``grace`` s, SIGKILL) and remove the process's container(s), then prove
     each gone. Returns the ids removed (none: nothing of ours was there). HostError when one
     survives or the runtime cannot say."""
-    res = host.run(_vars(ref, grace) + _FUNCS + _REMOVE, timeout=grace + timeout)
+    res = host.run(_prelude(ref, grace) + script("container-remove.sh"), timeout=grace + timeout)
     out = res.stdout.strip()
     if res.rc != 0 or not out.startswith("removed"):
         why = res.stderr.strip() or out or f"rc={res.rc}"
@@ -120,7 +75,7 @@ def remove(host: Host, ref: ContainerRef, grace: float = 10.0, timeout: float = 
 def state(host: Host, ref: ContainerRef, timeout: float = 60.0) -> str:
     """The runtime's status of the process's container (running, exited, created, ...), or
     ``none``. HostError when the runtime cannot say."""
-    res = host.run(_vars(ref) + _FUNCS + _STATE, timeout=timeout)
+    res = host.run(_prelude(ref) + script("container-state.sh"), timeout=timeout)
     out = res.stdout.strip()
     if res.rc != 0 or not out:
         why = res.stderr.strip() or f"rc={res.rc}"
@@ -133,13 +88,8 @@ def missing_images(host: Host, wanted: list[tuple[str, str]], timeout: float = 6
     have (or a runtime that is missing or does not answer), in one command."""
     if not wanted:
         return []
-    checks = [
-        f"o=$({shlex.quote(rt)} image inspect --format '{{{{.Id}}}}' {shlex.quote(img)} 2>&1) "
-        f"|| printf '%s\\t%s\\t%s\\n' {shlex.quote(rt)} {shlex.quote(img)} "
-        '"$(echo "$o" | tail -n 1)"'
-        for rt, img in wanted
-    ]
-    res = host.run("\n".join(checks) + "\ntrue", timeout=timeout)
+    checks = [f"_missing_image {shlex.quote(rt)} {shlex.quote(img)}" for rt, img in wanted]
+    res = host.run("\n".join([script("containers.sh"), *checks, "true"]), timeout=timeout)
     if res.rc != 0:
         raise HostError(f"{host.name}: cannot check images: {res.stderr.strip()}", host=host.name)
     out = []

@@ -10,17 +10,10 @@ import subprocess
 import threading
 import time
 
-from pdlaunch.fsutil import atomic_write
-
-from .base import (
-    CommandResult,
-    CommandTimeout,
-    Content,
-    Host,
-    HostError,
-    _check_pid,
-    _content_bytes,
-)
+from .errors import CommandTimeout, HostError
+from .host import Host
+from .processes import check_pid
+from .transport import CommandResult
 
 SHELL = "/bin/sh"
 
@@ -112,22 +105,9 @@ class LocalHost(Host):
         )
         return _LocalStream(proc)
 
-    # native fast paths ---------------------------------------------------------------------------
-    def put(
-        self, source: Content, remote_path: str, mode: int = 0o644, *, timeout: float = 300.0
-    ) -> None:
-        data = _content_bytes(source)
-        path = os.path.join(_home(), os.path.expanduser(os.fspath(remote_path)))
-        try:
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            if os.path.isdir(path):
-                raise IsADirectoryError(path)
-            atomic_write(path, data, mode=mode)
-        except OSError as e:
-            raise HostError(f"{self.name}: cannot write {remote_path}: {e}", host=self.name) from e
-
+    # native fast path -------------------------------------------------------------------------
     def _proc_stat(self, pid: int) -> list[str] | None:
-        pid = _check_pid(pid)
+        pid = check_pid(pid)
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
                 data = f.read()

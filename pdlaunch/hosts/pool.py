@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .base import Host, HostError
+from .errors import HostError
+from .host import Host
 from .local import LocalHost
 from .options import ConnectOptions
 from .ssh import SshSettings

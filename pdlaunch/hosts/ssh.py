@@ -6,17 +6,15 @@ HostName, User, Port, IdentityFile, ProxyCommand), ssh-agent and default keys wo
 hop gets the same host-key policy, keys and timeouts. Commands then run on raw paramiko
 channels (one per command, concurrently over the one connection).
 
-Host keys: unlike fabric's default (auto-add), unknown keys are REFUSED unless
+Host keys (:mod:`.host_keys`): unlike fabric's default (auto-add), unknown keys are REFUSED unless
 ``accept_new_host_keys`` is set, in which case they are accepted and appended to the known_hosts
 file in use. A key that differs from a recorded one is always refused.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import errno
-import hashlib
 import logging
 import os
 import select
@@ -31,25 +29,33 @@ import paramiko
 from fabric import Config, Connection
 from fabric.util import get_local_user
 
-from .base import (
-    CommandResult,
+from .errors import (
     CommandTimeout,
-    Host,
     HostAuthError,
     HostConnectionError,
     HostError,
     HostKeyError,
 )
+from .host import Host
+from .host_keys import (
+    SYSTEM_KNOWN_HOSTS,
+    USER_KNOWN_HOSTS,
+    HostKeyPolicy,
+    UnknownHostKey,
+    display_name,
+    fingerprint,
+    known_host_keys,
+    split_paths,
+)
+from .shell import with_args
+from .transport import CommandResult
 
 log = logging.getLogger("pdlaunch.hosts")
 # paramiko logs handshake failures at ERROR from its transport thread; we report them as
 # HostError. Without any handler configured, Python would print them on stderr (lastResort).
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
-SYSTEM_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
-USER_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
 MAX_PARALLEL_COMMANDS = 8  # sshd's MaxSessions defaults to 10 channels per connection
-_KNOWN_HOSTS_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -72,64 +78,6 @@ class SshSettings:
     identities_only: bool = False
 
 
-def fingerprint(key: paramiko.PKey) -> str:
-    """OpenSSH-style ``SHA256:...`` fingerprint."""
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-def _display(known_hosts_name: str) -> str:
-    """``[1.2.3.4]:2222`` -> ``1.2.3.4:2222``."""
-    if known_hosts_name.startswith("["):
-        host, _, port = known_hosts_name[1:].partition("]:")
-        return f"{host}:{port}"
-    return known_hosts_name
-
-
-class _UnknownHostKey(paramiko.SSHException):
-    def __init__(self, hostname: str, key: paramiko.PKey):
-        super().__init__(f"unknown host key for {hostname}")
-        self.hostname = hostname
-        self.key = key
-
-
-class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
-    """Refuse unknown keys, or (accept_new) trust them and append them to ``record_to``."""
-
-    def __init__(self, accept_new: bool, record_to: Path):
-        self.accept_new = accept_new
-        self.record_to = record_to
-
-    def missing_host_key(self, client, hostname, key):
-        if not self.accept_new:
-            raise _UnknownHostKey(hostname, key)
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        _record_host_key(self.record_to, hostname, key)
-        log.warning(
-            "trusting new host key for %s (%s %s), recorded in %s",
-            _display(hostname),
-            key.get_name(),
-            fingerprint(key),
-            self.record_to,
-        )
-
-
-def _record_host_key(path: Path, hostname: str, key: paramiko.PKey) -> None:
-    line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
-    with _KNOWN_HOSTS_LOCK:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        try:
-            existing = path.read_text()
-        except FileNotFoundError:
-            existing = ""
-        if line in existing:
-            return
-        with open(path, "a") as f:
-            if existing and not existing.endswith("\n"):
-                f.write("\n")
-            f.write(line)
-
-
 def _nodelay_transport(sock, **kwargs) -> paramiko.Transport:
     """paramiko's Transport on a socket with Nagle off. SSH sends many small packets that
     wait for each other (channel open, exec, window adjust, EOF): with Nagle on, each waits
@@ -141,48 +89,6 @@ def _nodelay_transport(sock, **kwargs) -> paramiko.Transport:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return paramiko.Transport(sock, **kwargs)
-
-
-_HOST_KEYS: dict[tuple[str, ...], tuple[tuple, paramiko.HostKeys]] = {}
-_HOST_KEYS_LOCK = threading.Lock()
-
-
-def _known_host_keys(files: list[str]) -> paramiko.HostKeys:
-    """The keys of these known_hosts files (missing ones skipped), parsed once while none of
-    them changes. paramiko's load checks each line against every line before it, and every
-    host of a run reads the same files: with a known_hosts of 2 lines per host, parsing it
-    per connection made a run's CPU grow with the cube of its hosts (~25 ms per connection
-    at 128 hosts)."""
-    paths = tuple(dict.fromkeys(p for p in files if os.path.isfile(p)))
-
-    def stamp(path: str) -> tuple:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return (path,)
-        return (path, st.st_ino, st.st_size, st.st_mtime_ns)
-
-    stamps = tuple(stamp(p) for p in paths)
-    with _HOST_KEYS_LOCK:
-        cached = _HOST_KEYS.get(paths)
-        if cached is not None and cached[0] == stamps:
-            return cached[1]
-        keys = paramiko.HostKeys()
-        for path in paths:
-            try:
-                keys.load(path)
-            except (OSError, paramiko.SSHException) as e:
-                log.warning("ignoring unreadable known_hosts file %s: %s", path, e)
-        _HOST_KEYS[paths] = (stamps, keys)
-        return keys
-
-
-def _split_paths(value) -> list[str]:
-    if not value:
-        return []
-    if isinstance(value, str):
-        value = shlex.split(value)
-    return [os.path.expanduser(v) for v in value if v and v.lower() != "none"]
 
 
 class SshHost(Host):
@@ -334,17 +240,17 @@ class SshHost(Host):
     def _setup_host_keys(self, conn: Connection) -> None:
         client = conn.client
         sc = conn.ssh_config
-        user_files = _split_paths(sc.get("userknownhostsfile")) or [
+        user_files = split_paths(sc.get("userknownhostsfile")) or [
             os.path.expanduser(p) for p in USER_KNOWN_HOSTS
         ]
-        files = [*(_split_paths(sc.get("globalknownhostsfile")) or SYSTEM_KNOWN_HOSTS), *user_files]
+        files = [*(split_paths(sc.get("globalknownhostsfile")) or SYSTEM_KNOWN_HOSTS), *user_files]
         if self.known_hosts is not None:
             files.append(str(self.known_hosts))
         # Shared, read-only: paramiko looks keys up there; keys accepted now go to the
         # client's own set (and the file, which a later connection then parses anew).
-        client._system_host_keys = _known_host_keys(files)
+        client._system_host_keys = known_host_keys(files)
         record_to = self.known_hosts or Path(user_files[0])
-        client.set_missing_host_key_policy(_HostKeyPolicy(self.accept_new_host_keys, record_to))
+        client.set_missing_host_key_policy(HostKeyPolicy(self.accept_new_host_keys, record_to))
 
     def _connect(self) -> None:
         cfg = self._fabric_config()
@@ -380,9 +286,9 @@ class SshHost(Host):
     def _map_error(self, e: Exception, conn: Connection, role: str) -> HostError | None:
         where = f"ssh {_label(conn)}{role}"
         t = self.settings.connect_timeout
-        if isinstance(e, _UnknownHostKey):
+        if isinstance(e, UnknownHostKey):
             return HostKeyError(
-                f"unknown host key for {_display(e.hostname)}{role} "
+                f"unknown host key for {display_name(e.hostname)}{role} "
                 f"({e.key.get_name()} {fingerprint(e.key)}); refusing to connect "
                 "(use --accept-new-host-keys to trust and record it)",
                 host=self.name,
@@ -584,14 +490,10 @@ class _SshStream:
         with contextlib.suppress(Exception):
             self.chan.close()
         # Closing the channel does not stop a quiet `tail -F` on the host (no SIGPIPE until
-        # it writes): kill it, if it is still the tail we started.
+        # it writes): kill it, if it is still the tail we started (sh/stop-tail.sh).
         if self.pid and self.host.is_connected:
             with contextlib.suppress(HostError):
-                self.host._exec(
-                    f'[ "$(cat /proc/{self.pid}/comm 2>/dev/null)" = tail ] && kill {self.pid}'
-                    " 2>/dev/null; true",
-                    timeout=30,
-                )
+                self.host._exec(with_args("stop-tail.sh", str(int(self.pid))), timeout=30)
 
 
 def _label(conn: Connection) -> str:

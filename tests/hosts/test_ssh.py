@@ -17,6 +17,7 @@ from pdlaunch.hosts import (
     HostKeyError,
     SshHost,
     SshSettings,
+    Upload,
     open_host,
 )
 from tests.sshd import free_port, keygen
@@ -304,8 +305,8 @@ def test_many_hosts_in_parallel(sshd_hosts, ssh_connect, tmp_path):
 
     def work(h):
         host = ssh_connect(h)
-        host.put(f"host {h.index}\n", "~/marker.txt", mode=0o600)
-        pid = host.start_detached("exec sleep 300", pid_file="~/p.pid", log_file="~/l.log")
+        host.put_files([Upload(f"host {h.index}\n", "~/marker.txt", 0o600)])
+        pid = host.start_tracked("exec sleep 300", pid_file="~/p.pid", log_file="~/l.log").pid
         alive = host.is_alive(pid)
         host.stop(pid, grace=1)
         return alive, host.run("cat ~/marker.txt").stdout

@@ -1,7 +1,7 @@
 """A scripted world of hosts for unit tests of launch's decisions (issue 11).
 
 ``FakeHost`` overrides the high-level :class:`~pdlaunch.hosts.Host` methods launch calls
-(``run``, ``put_files``, ``start_tracked``, ``find_started``, ``stop``, ``is_alive``,
+(``run``, ``put_files``, ``start_tracked``, ``find_tracked``, ``stop``, ``is_alive``,
 ``read_log``) and acts on a :class:`FakeWorld`: processes
 with a pid, a start time, an alive flag, the host they run on, the pid file naming them and the
 log file they hold open. The shell scripts behind those methods are covered by the sshd and
@@ -308,13 +308,13 @@ class FakeHost(Host):
             proc.alive = False
         return Started(proc.pid, proc.start_time if proc.alive else None)
 
-    def find_started(
-        self, entries: Sequence[tuple[str, str, int | None]], timeout: float = 60.0
+    def _started(
+        self, entries: Sequence[tuple[str, str, int | None]]
     ) -> dict[int, tuple[int, int]]:
-        """As the real one: a pid (recorded, or read from the pid file) counts only while it
-        runs with the log file (or its ``.prev``) open."""
+        """As the real find_tracked: a pid (recorded, or read from the pid file) counts only
+        while it runs with the log file (or its ``.prev``) open."""
         w = self.world
-        w._call(self.name, "find_started", f"{len(entries)} entries")
+        w._call(self.name, "find_tracked", f"{len(entries)} entries")
         found: dict[int, tuple[int, int]] = {}
         with w._lock:
             for i, (pid_file, log_file, pid) in enumerate(entries):
@@ -334,9 +334,9 @@ class FakeHost(Host):
         logs: Sequence[str],
         timeout: float = 60.0,
     ) -> tuple[dict[int, tuple[int, int]], dict[int, list[tuple[int, int]]]]:
-        """As the real one: ``find_started``, and per log the live processes holding it (each
-        fake process leads its own group)."""
-        found = self.find_started(entries, timeout)
+        """As the real one: the started processes that still run, and per log the live
+        processes holding it (each fake process leads its own group)."""
+        found = self._started(entries)
         holders: dict[int, list[tuple[int, int]]] = {}
         with self.world._lock:
             for i, log_file in enumerate(logs):

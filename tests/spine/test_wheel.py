@@ -51,6 +51,11 @@ def test_installed_wheel_renders_like_the_source_tree(tmp_path):
         "pdlaunch/templates/slurm/http-probe.sh.j2",
     } <= names
     assert "pdlaunch/topologies/local-cpu.yaml" in names
+    # The sh the hosts send (pdlaunch/hosts/sh), read as package data: the Slurm render below
+    # embeds sh/exec-owned.sh from the installed wheel.
+    sh_dir = ROOT / "pdlaunch" / "hosts" / "sh"
+    host_scripts = {f"pdlaunch/hosts/sh/{p.name}" for p in sh_dir.glob("*.sh")}
+    assert "pdlaunch/hosts/sh/stop.sh" in host_scripts and host_scripts <= names
 
     venv = tmp_path / "venv"
     sh(sys.executable, "-m", "venv", "--without-pip", venv, timeout=120)

@@ -1,0 +1,16 @@
+# Functions the container scripts share (a library: defines, runs nothing). The caller sets
+# RT (docker or podman), NAME, CIDF (the --cidfile), DEP and PROC (the deployment and the
+# process), LD and LP (pdlaunch's label keys for them), GRACE (seconds).
+# $RT inspect fails with "no such container" (docker: "No such container", podman: "no such
+# container") when it is gone; any other failure (runtime missing, daemon down) proves
+# nothing, and says so (exit 5).
+_exists() {  # $1=id or name: 0 exists, 1 gone, 5 unknown (stderr says why)
+    _o=$("$RT" container inspect --format '{{.Id}}' "$1" 2>&1) && return 0
+    case $_o in *[Nn]"o such container"*|*"no container with"*) return 1;; esac
+    echo "$RT container inspect $1: $_o" >&2; return 5; }
+_ours() {  # ids of containers named $NAME carrying our deployment and process labels
+    "$RT" ps -a -q --no-trunc --filter "name=^$NAME\$" \
+        --filter "label=$LD=$DEP" --filter "label=$LP=$PROC" 2>/dev/null; }
+_missing_image() {  # $1=runtime $2=image: "runtime<TAB>image<TAB>why" unless it has it
+    _o=$("$1" image inspect --format '{{.Id}}' "$2" 2>&1) \
+        || printf '%s\t%s\t%s\n' "$1" "$2" "$(echo "$_o" | tail -n 1)"; }
