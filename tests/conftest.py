@@ -1,6 +1,6 @@
 """Shared fixtures.
 
-Real-sshd fixtures (see tests/sshd.py), for tests marked ``@pytest.mark.ssh``:
+Real-sshd fixtures (see tests/support/sshd.py), for tests marked ``@pytest.mark.ssh``:
 
 * ``sshd_cluster`` (session): the :class:`SshdCluster` - client key (``.key_file``), user
   (``.user``), known_hosts trusting every host it started (``.known_hosts``).
@@ -16,7 +16,7 @@ Real-sshd fixtures (see tests/sshd.py), for tests marked ``@pytest.mark.ssh``:
 * ``ssh_connect(h, **open_host_kwargs)`` (function): an open SshHost to ``h``; closed after
   the test.
 
-``fake_bins`` (session, tests/fake_bins_support.py): the launch tests' stand-in engine and
+``fake_bins`` (session, tests/support/fake_bins.py): the launch tests' stand-in engine and
 router as executables (``{"vllm": path, "router": path}``), for the launch and Slurm tests.
 
 If OpenSSH's server is not installed, these fixtures FAIL (not skip) with an install hint.
@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # make `tests.sshd` importable however pytest was started
+if str(ROOT) not in sys.path:  # make `tests.support.sshd` importable however pytest was started
     sys.path.insert(0, str(ROOT))
 
 # `.venv/bin/python -m pytest` without activating the venv: rendered scripts and tests exec
@@ -41,10 +41,10 @@ if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 
 from pdlaunch.hosts import SshHost, SshSettings, open_host  # noqa: E402
-from tests.fake_bins_support import fake_bins  # noqa: E402, F401 - fixture
-from tests.netns_fixtures import netns, netns_cluster  # noqa: E402, F401 - fixtures
-from tests.slurm.fixtures import slurm_cluster  # noqa: E402, F401 - fixture
-from tests.sshd import SshdCluster, SshdError, SshdHost  # noqa: E402
+from tests.support.fake_bins import fake_bins  # noqa: E402, F401 - fixture
+from tests.support.netns_fixtures import netns, netns_cluster  # noqa: E402, F401 - fixtures
+from tests.support.slurm_fixtures import slurm_cluster  # noqa: E402, F401 - fixture
+from tests.support.sshd import SshdCluster, SshdError, SshdHost  # noqa: E402
 
 
 @pytest.fixture(scope="session")

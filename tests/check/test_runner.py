@@ -1,4 +1,4 @@
-"""`pdlaunch check` end to end: real sshd "hosts" on loopback (tests/sshd.py), the real
+"""`pdlaunch check` end to end: real sshd "hosts" on loopback (tests/support/sshd.py), the real
 probe commands, the real parsers. The hardware tools are absent here, so the check must say
 FAIL where the plan needs them and SKIP where it does not; a port this test occupies, a vLLM
 version mismatch this test sets up and an unreachable host must all be found."""
@@ -24,7 +24,7 @@ from pdlaunch.hosts import ConnectOptions, LocalHost
 from pdlaunch.load import load
 from pdlaunch.plan import build_plan
 from pdlaunch.rules import has_errors, validate
-from tests.sshd import free_port as _free_port
+from tests.support.sshd import free_port as _free_port
 
 _USED: set[int] = set()
 

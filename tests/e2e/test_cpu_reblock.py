@@ -52,7 +52,7 @@ import pytest
 
 from pdlaunch.canary import REMOTE_DECODE
 from pdlaunch.health import post_json, probe
-from tests.e2e_support import (
+from tests.support.engine_requests import (
     BY_SOURCE,
     EXT,
     LOCAL,
@@ -65,7 +65,7 @@ from tests.e2e_support import (
     metrics,
     token_ids,
 )
-from tests.engine_support import (
+from tests.support.engines import (
     LOCAL_CPU,
     PDLAUNCH,
     REPO,

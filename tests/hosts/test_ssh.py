@@ -19,7 +19,7 @@ from pdlaunch.hosts import (
     SshSettings,
     open_host,
 )
-from tests.sshd import free_port, keygen
+from tests.support.sshd import free_port, keygen
 
 pytestmark = pytest.mark.ssh
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.helpers import Deployment, procs_under
-from tests.sshd import free_port
+from tests.support.deployments import Deployment, procs_under
+from tests.support.sshd import free_port
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,7 @@
 reconciliation with what already runs, status of an unreachable host, an upload that hangs,
 and the readiness loop under a fake clock.
 
-The hosts are :class:`tests.launch.fake_host.FakeHost` (no network, no shell); the plan comes
+The hosts are :class:`tests.support.fake_host.FakeHost` (no network, no shell); the plan comes
 from pdlaunch's own loader, rules and planner; health answers from the fake world.
 """
 
@@ -24,7 +24,7 @@ from pdlaunch.runtime.lifecycle import LaunchError, Reporter, UpOptions
 from pdlaunch.runtime.lifecycle.readiness import ABORTED, DEADLINE, EXITED, READY, wait_until
 from pdlaunch.runtime.ssh import SshRuntime
 from pdlaunch.state import STATE_FILE, deployment_dir, load_state, save_state
-from tests.launch.fake_host import FakeWorld
+from tests.support.fake_host import FakeWorld
 
 A, B = "10.0.0.1", "10.0.0.2"
 DEP = "fk"

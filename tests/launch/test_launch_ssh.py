@@ -1,5 +1,5 @@
-"""`up`/`status`/`logs`/`down` through a real sshd (tests/sshd.py): every host in the topology
-is 127.0.0.1 forced over SSH, so all commands, uploads and starts go through OpenSSH."""
+"""`up`/`status`/`logs`/`down` through a real sshd (tests/support/sshd.py): every host in the
+topology is 127.0.0.1 forced over SSH, so all commands, uploads and starts go through OpenSSH."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import stat
 import pytest
 
 from pdlaunch.state import load_state
-from tests.launch.helpers import SECRET_ENV, cli, procs_under, wait_no_procs
-from tests.sshd import free_port, keygen
+from tests.support.deployments import SECRET_ENV, cli, procs_under, wait_no_procs
+from tests.support.sshd import free_port, keygen
 
 pytestmark = pytest.mark.ssh
 

@@ -1,5 +1,5 @@
 """The shared neighbour (ARP) table's limits follow the namespace clusters that exist: raised
-for their hosts together, the machine's own values back once none is left (tests/netns.py)."""
+for their hosts together, the machine's own values back once none is left (tests/support/netns/)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.netns import (
+from tests.support.netns import (
     ARP_KEYS,
     MAX_SLOTS,
     NetnsCluster,

@@ -1,4 +1,4 @@
-"""`pdlaunch check --fast` across network-namespace hosts (tests/netns.py), no engines:
+"""`pdlaunch check --fast` across network-namespace hosts (tests/support/netns/), no engines:
 prefill on host A, decode on host B, router on host C (or on the control host itself). Each
 host is reached over its own sshd; the reachability probes run inside the source host's
 namespace and cross the bridge to the target's. Firewall rules inside A, B or C must turn
@@ -20,7 +20,7 @@ import yaml
 from typer.testing import CliRunner
 
 from pdlaunch.cli import app
-from tests.netns import NetnsCluster, NetnsHost
+from tests.support.netns import NetnsCluster, NetnsHost
 
 pytestmark = pytest.mark.netns
 

@@ -1,4 +1,4 @@
-"""The network-namespace test cluster itself (tests/netns.py): real hosts with their own
+"""The network-namespace test cluster itself (tests/support/netns/): real hosts with their own
 network stack, reached over SSH through pdlaunch's hosts layer; netem; teardown that leaves
 nothing behind, also after a crashed run; two clusters side by side."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pdlaunch.hosts import SshSettings, open_host
-from tests.netns import (
+from tests.support.netns import (
     NetnsCluster,
     NetnsError,
     bridge_name,
@@ -230,7 +230,7 @@ def test_a_crashed_run_is_swept_by_the_next(netns: NetnsCluster):
     a live sshd; the next run's setup removes them."""
     code = (
         "import os\n"
-        "from tests.netns import NetnsCluster\n"
+        "from tests.support.netns import NetnsCluster\n"
         "c = NetnsCluster(1).start()\n"
         "print(c.slot, c.hosts[0].name, flush=True)\n"
         "os._exit(3)\n"

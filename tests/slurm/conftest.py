@@ -1,8 +1,8 @@
 """Slurm-test fixtures.
 
-* ``slurm_cluster`` (session, tests/slurm/fixtures.py, imported by tests/conftest.py so
+* ``slurm_cluster`` (session, tests/support/slurm_fixtures.py, imported by tests/conftest.py so
   tests/slurm and tests/runtime share one cluster): a real two-node Slurm cluster on this
-  machine (tests/slurm/cluster.py: munged, slurmctld, one slurmd per node). ``SLURM_CONF``
+  machine (tests/support/slurm_cluster.py: munged, slurmctld, one slurmd per node). ``SLURM_CONF``
   points at it for the whole session, so pdlaunch's Slurm commands reach it. Stopped, and
   checked to leave no daemon or slurmstepd behind, at the end of the session. Missing
   Slurm/MUNGE FAILS the tests (with the install hint), as the sshd fixtures do.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.fake_slurm import fake_slurm  # noqa: F401 (a fixture)
+from tests.support.fake_slurm import fake_slurm  # noqa: F401 (a fixture)
 
 
 @pytest.fixture(autouse=True)

@@ -18,10 +18,10 @@ import pytest
 from pdlaunch.backends import slurm
 from pdlaunch.runtime.slurm import jobs
 from pdlaunch.state import list_deployments
-from tests.pdl_cli import TRACEBACK, pdl
-from tests.slurm import runtime_support as slurm_rt
-from tests.slurm.helpers import REPO, fake_spec, planned
-from tests.sshd import free_port
+from tests.support import slurm_lifecycle as slurm_rt
+from tests.support.cli_runner import TRACEBACK, pdl
+from tests.support.slurm_specs import REPO, fake_spec, planned
+from tests.support.sshd import free_port
 
 pytestmark = pytest.mark.slurm
 

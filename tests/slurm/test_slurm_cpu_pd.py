@@ -2,13 +2,13 @@
 run as a heterogeneous job on the test cluster's two nodes, proven token for token.
 
 As tests/e2e/test_cpu_pd.py (the same prompts, tiny model and plain reference, from
-tests/e2e_support.py and tests/engine_support.py): one plain vLLM instance answers the
+tests/support/engine_requests.py and tests/support/engines.py): one plain vLLM instance answers the
 reference prompts and is stopped first, so at most two engines and the router run at once.
 Then `jobs.up` (sbatch, health, PD canary), and: router output == plain output for every
 prompt; decode's `external_kv_transfer` counter grew by every prompt token; status shows the
 job running and healthy; down leaves no job in squeue and no process in the work dir.
 
-Both nodes are this machine (tests/slurm/cluster.py): the engines reach each other over
+Both nodes are this machine (tests/support/slurm_cluster.py): the engines reach each other over
 loopback, so the topology sets ``UCX_NET_DEVICES=lo`` itself (pdlaunch derives it only for
 loopback host names) and gives decode CPU core 1 (prefill has core 0).
 """
@@ -31,7 +31,8 @@ from pdlaunch.backends import slurm, slurm_rules
 from pdlaunch.cli import app
 from pdlaunch.hosts import HostPool
 from pdlaunch.runtime.slurm import jobs
-from tests.e2e_support import (
+from tests.support import slurm_lifecycle as slurm_rt
+from tests.support.engine_requests import (
     CPU_PD_PROMPTS,
     complete,
     fail_on_kv_lease_problem,
@@ -39,15 +40,14 @@ from tests.e2e_support import (
     pd_token_counts,
     settled_metrics,
 )
-from tests.engine_support import (
+from tests.support.engines import (
     LOCAL_CPU,
     free_port_block,
     plain_reference,
     tiny_model,
     write_topology,
 )
-from tests.slurm import runtime_support as slurm_rt
-from tests.slurm.helpers import planned
+from tests.support.slurm_specs import planned
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
 E2E_TIMEOUT = 1500

@@ -25,9 +25,9 @@ from pdlaunch import bench, record
 from pdlaunch.backends import slurm
 from pdlaunch.cli import app
 from pdlaunch.runtime.slurm import jobs
-from tests.slurm import runtime_support as slurm_rt
-from tests.slurm.helpers import REPO, fake_spec, planned
-from tests.sshd import free_port
+from tests.support import slurm_lifecycle as slurm_rt
+from tests.support.slurm_specs import REPO, fake_spec, planned
+from tests.support.sshd import free_port
 
 pytestmark = pytest.mark.slurm
 

@@ -23,9 +23,9 @@ from pdlaunch.runtime import lifecycle
 from pdlaunch.runtime.slurm import jobs
 from pdlaunch.state import StateError
 from pdlaunch.testing import FakeSlurm
-from tests.slurm import runtime_support as slurm_rt
-from tests.slurm.helpers import REPO, fake_spec, planned
-from tests.sshd import free_port
+from tests.support import slurm_lifecycle as slurm_rt
+from tests.support.slurm_specs import REPO, fake_spec, planned
+from tests.support.sshd import free_port
 
 SECRET = "s3cr3t-value-" + os.urandom(4).hex()
 TRACEBACK = "Traceback (most recent call last)"

@@ -10,7 +10,7 @@ from pdlaunch.backends.slurm import SlurmOptions
 from pdlaunch.load import load
 from pdlaunch.plan import build_plan
 from pdlaunch.rules import RULES
-from tests.slurm.helpers import REPO, fake_spec, planned
+from tests.support.slurm_specs import REPO, fake_spec, planned
 
 PORTS = {"prefill": 18100, "decode": 18200, "side": 15600, "router": 18123, "metrics": 19123}
 BINS = {"vllm": Path("/opt/fake/vllm"), "router": Path("/opt/fake/router")}

@@ -13,9 +13,9 @@ from pdlaunch.backends import slurm, slurm_rules
 from pdlaunch.health import probe
 from pdlaunch.runtime import lifecycle
 from pdlaunch.runtime.slurm import jobs
-from tests.slurm import runtime_support as slurm_rt
-from tests.slurm.helpers import fake_spec, planned
-from tests.sshd import free_port
+from tests.support import slurm_lifecycle as slurm_rt
+from tests.support.slurm_specs import fake_spec, planned
+from tests.support.sshd import free_port
 
 pytestmark = pytest.mark.slurm
 

@@ -15,7 +15,7 @@ from pdlaunch.backends import slurm
 from pdlaunch.load import load
 from pdlaunch.plan import build_plan
 from pdlaunch.runtime.slurm import jobs
-from tests.slurm.helpers import REPO, fake_spec, planned
+from tests.support.slurm_specs import REPO, fake_spec, planned
 
 LOCAL = REPO / "topologies" / "local-cpu.yaml"
 GB200 = REPO / "topologies" / "gb200-xpyd.yaml"

@@ -121,7 +121,7 @@ def test_kv_bytes_match_the_tiny_models_kv_and_the_rate_is_bytes_over_time():
     b = run()
     kv = b.kv
     assert kv is not None and kv.transfers == 40
-    # tests/e2e/tiny_model.py: 2 layers x 2 KV heads x head_dim 64 x float32, K and V:
+    # tests/support/tiny_model.py: 2 layers x 2 KV heads x head_dim 64 x float32, K and V:
     # 2048 bytes a token; NIXL reads whole blocks of 32 tokens; ~128-token prompts: 4 or 5
     block = 32 * 2048
     assert kv.bytes_total % block == 0

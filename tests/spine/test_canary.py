@@ -1,5 +1,5 @@
 """The per-pair canary (pdlaunch/canary.py): its verdict on counter deltas, and every pair of a
-2 prefills x 2 decodes set of fake engines (tests/launch/fake_vllm.py's Engine, served
+2 prefills x 2 decodes set of fake engines (tests/support/fake_vllm.py's Engine, served
 in-process over real HTTP on loopback) asked directly, a broken pair named."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from pdlaunch import canary
 from pdlaunch.health import CanaryResult
 from pdlaunch.watch import Counters
-from tests.launch.fake_vllm import Engine as FakeEngine
+from tests.support.fake_vllm import Engine as FakeEngine
 
 MODEL = "fake-model"
 

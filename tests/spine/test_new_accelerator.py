@@ -22,7 +22,7 @@ from pdlaunch.load import LoadError, load_text
 from pdlaunch.plan import build_plan
 from pdlaunch.rules import has_errors, validate
 from pdlaunch.topology import Topology
-from tests.sshd import free_port
+from tests.support.sshd import free_port
 
 # A GPU-like accelerator whose vendor tools are NVIDIA's (an nvidia-smi compatible driver).
 XPU = devices.DeviceProfile(

@@ -20,7 +20,7 @@ from pdlaunch.load import load, load_text
 from pdlaunch.plan import build_plan
 from pdlaunch.render import container_argv, render_plan
 from pdlaunch.rules import has_errors, validate
-from tests.fake_bins_support import container_runtime_standin
+from tests.support.fake_bins import container_runtime_standin
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "topologies").glob("*.yaml"))

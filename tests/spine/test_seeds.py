@@ -36,7 +36,7 @@ from pdlaunch.load import load
 from pdlaunch.plan import build_plan
 from pdlaunch.render import render_plan, write_files
 from pdlaunch.rules import has_errors, validate
-from tests.fake_bins_support import container_runtime_standin
+from tests.support.fake_bins import container_runtime_standin
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = ROOT / "tests" / "fixtures" / "seeds"
@@ -49,7 +49,7 @@ INHERITED_LD = "/inherited/lib"
 
 FAKE = """#!{python}
 import json, os, sys
-from tests.fake_bins_support import container_runtime_standin
+from tests.support.fake_bins import container_runtime_standin
 with open(os.environ["PDLAUNCH_FAKE_OUT"], "w", encoding="utf-8") as f:
     json.dump({{"argv": [os.path.basename(sys.argv[0]), *sys.argv[1:]],
                 "env": dict(os.environ)}}, f)
@@ -59,7 +59,7 @@ with open(os.environ["PDLAUNCH_FAKE_OUT"], "w", encoding="utf-8") as f:
 # --------------------------------------------------------------------------- running
 
 
-# The image env of the stand-in `docker`/`podman` (tests/fake_bins_support.py) for the shipped
+# The image env of the stand-in `docker`/`podman` (tests/support/fake_bins.py) for the shipped
 # examples whose engines run in containers: the fake image's PATH and its own LD_LIBRARY_PATH,
 # INHERITED_LD, as an image's.
 IMAGE_ENV = (

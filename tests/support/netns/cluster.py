@@ -1,9 +1,9 @@
 """A test cluster of real "hosts" on this machine: Linux network namespaces on a private bridge.
 
 Pure helper module (no pytest import), used by the ``netns_cluster`` fixture
-(tests/netns_fixtures.py) and by ``scripts/netns_cluster.py``::
+(tests/support/netns_fixtures.py) and by ``scripts/netns_cluster.py``::
 
-    from tests.netns import NetnsCluster
+    from tests.support.netns import NetnsCluster
 
     with NetnsCluster(3) as cluster:          # needs root, iproute2, util-linux, OpenSSH
         cluster.hosts[0].name, .address       # "pdl-h1", "10.231.0.11"
@@ -65,7 +65,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.sshd import (
+from tests.support.sshd import (
     WRAPPER,
     SshdCluster,
     SshdError,

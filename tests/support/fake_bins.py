@@ -1,5 +1,5 @@
-"""The launch tests' stand-ins for `vllm serve` and vllm-router (tests/launch/fake_vllm.py,
-tests/launch/fake_router.py) as executables, for the launch and Slurm tests."""
+"""The launch tests' stand-ins for `vllm serve` and vllm-router (tests/support/fake_vllm.py,
+tests/support/fake_router.py) as executables, for the launch and Slurm tests."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-LAUNCH = Path(__file__).resolve().parent / "launch"
+FAKES = Path(__file__).resolve().parent  # fake_vllm.py, fake_router.py
 
 
 def install_fake(src: Path, dest: Path) -> Path:
@@ -24,8 +24,8 @@ def install_fake(src: Path, dest: Path) -> Path:
 def fake_bins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("fake-bin")
     return {
-        "vllm": install_fake(LAUNCH / "fake_vllm.py", d / "fake-vllm"),
-        "router": install_fake(LAUNCH / "fake_router.py", d / "fake-router"),
+        "vllm": install_fake(FAKES / "fake_vllm.py", d / "fake-vllm"),
+        "router": install_fake(FAKES / "fake_router.py", d / "fake-router"),
     }
 
 

@@ -13,12 +13,12 @@ from pdlaunch.rules import RUNTIME_ADDRESSED, has_errors, validate
 from pdlaunch.topology import Topology
 
 HERE = Path(__file__).resolve().parent
-LAUNCH = HERE.parent / "launch"
+LAUNCH = HERE
 REPO = HERE.parents[1]
 
 
 def install_fake(src: Path, dest: Path) -> Path:
-    """A launch-test stand-in (tests/launch/fake_*.py) as an executable with this
+    """A launch-test stand-in (tests/support/fake_*.py) as an executable with this
     interpreter in its shebang (Slurm steps find no venv on PATH by themselves)."""
     body = src.read_text().split("\n", 1)[1]
     dest.write_text(f"#!{sys.executable} -S\n{body}")

@@ -2,7 +2,7 @@
 
 Pure helper module (no pytest import), usable from tests and from benchmark scripts::
 
-    from tests.sshd import SshdCluster
+    from tests.support.sshd import SshdCluster
 
     with SshdCluster() as cluster:
         hosts = cluster.start(32)            # 32 sshd processes, each on its own port
@@ -426,7 +426,7 @@ class SshdCluster:
 
     def _write_config(self, h: SshdHost) -> None:
         h.config_file.write_text(
-            f"""# simulated host {h.index} (written by tests/sshd.py)
+            f"""# simulated host {h.index} (written by tests/support/sshd.py)
 Port {h.port}
 ListenAddress {h.host}
 AddressFamily inet

@@ -1,4 +1,4 @@
-"""Fixtures over tests/netns.py (imported by tests/conftest.py), for tests marked
+"""Fixtures over tests/support/netns/ (imported by tests/conftest.py), for tests marked
 ``@pytest.mark.netns``:
 
 * ``netns_cluster`` (session): a :class:`NetnsCluster` of 3 namespace hosts (pdl-h1..3, or
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.netns import NetnsCluster, NetnsError
+from tests.support.netns import NetnsCluster, NetnsError
 
 CLUSTER_SIZE = 3  # prefill host, decode host, router host
 

@@ -22,19 +22,19 @@ import pytest
 import yaml
 
 from pdlaunch.health import probe
-from tests.e2e_support import SERVED, complete
+from tests.support.engine_requests import SERVED, complete
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LOCAL_CPU = REPO / "topologies" / "local-cpu.yaml"
 BIN = Path(sys.executable).parent
 PDLAUNCH = [sys.executable, "-m", "pdlaunch"]
 PLAIN_HEALTH_TIMEOUT = 600.0
-TINY_MODEL_SCRIPT = REPO / "tests" / "e2e" / "tiny_model.py"
+TINY_MODEL_SCRIPT = REPO / "tests" / "support" / "tiny_model.py"
 
 
 # -- the model --------------------------------------------------------------------------------
 def tiny_model(path: Path) -> Path:
-    """The tiny random-weight model (tests/e2e/tiny_model.py) in ``path``; skips the test when
+    """The tiny random-weight model (tests/support/tiny_model.py) in ``path``; skips the test when
     this venv has no engine to serve it."""
     for tool in ("vllm", "vllm-router"):
         if not (BIN / tool).exists():

@@ -12,7 +12,7 @@ The model's geometry is chosen for vLLM's CPU attention backend: head_dim 64 (a 
 head size, multiple of 32), 2 KV heads, 2 layers. Output is gibberish but deterministic, which
 is all a token-for-token comparison needs. Building takes a few seconds and ~10 MB on disk.
 
-Run as a script to build into a directory: `python tests/e2e/tiny_model.py /tmp/tiny-llama`.
+Run as a script to build into a directory: `python tests/support/tiny_model.py /tmp/tiny-llama`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The session's one real Slurm cluster (tests/slurm/cluster.py), imported by tests/conftest.py
-so every directory that asks for it (tests/slurm, tests/runtime) shares one cluster: two would
-start two slurmctld on the same machine."""
+"""The session's one real Slurm cluster (tests/support/slurm_cluster.py), imported by
+tests/conftest.py so every directory that asks for it shares one cluster: two would start two
+slurmctld on the same machine."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from tests.slurm.cluster import SlurmCluster, SlurmClusterError
+from tests.support.slurm_cluster import SlurmCluster, SlurmClusterError
 
 
 @pytest.fixture(scope="session")
