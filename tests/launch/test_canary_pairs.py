@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 from pdlaunch.state import load_state
-from tests.support.deployments import cli, wait_no_procs
+from tests.support.deployments import cli
+from tests.support.processes import wait_no_procs
 from tests.support.sshd import free_port
 
 PAIRS = {

@@ -44,7 +44,8 @@ from tests.launch.fault_helpers import (
     up_args,
     wait_for,
 )
-from tests.support.deployments import SECRET_ENV, Deployment, procs_under, wait_no_procs
+from tests.support.deployments import SECRET_ENV, Deployment
+from tests.support.processes import procs_under, wait_no_procs
 from tests.support.sshd import WRAPPER, descendants, free_port
 
 HOST = r"127\.0\.0\.1"

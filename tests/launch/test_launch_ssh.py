@@ -10,7 +10,8 @@ import stat
 import pytest
 
 from pdlaunch.state import load_state
-from tests.support.deployments import SECRET_ENV, cli, procs_under, wait_no_procs
+from tests.support.deployments import SECRET_ENV, cli
+from tests.support.processes import procs_under, wait_no_procs
 from tests.support.sshd import free_port, keygen
 
 pytestmark = pytest.mark.ssh

@@ -29,7 +29,7 @@ from pdlaunch.runtime.slurm import jobs
 from pdlaunch.state import deployment_dir
 from tests.support import cli_runner
 from tests.support.cli_runner import TRACEBACK, Run
-from tests.support.deployments import procs_under, wait_no_procs
+from tests.support.processes import procs_under, wait_no_procs
 from tests.support.slurm_specs import fake_spec
 from tests.support.sshd import free_port
 

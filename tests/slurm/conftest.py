@@ -8,7 +8,7 @@
   Slurm/MUNGE FAILS the tests (with the install hint), as the sshd fixtures do.
 * ``fake_bins`` (session, tests/conftest.py): the launch tests' stand-ins for `vllm serve`
   and vllm-router.
-* ``fake_slurm``: stand-in Slurm commands on PATH that record every call
+* ``fake_slurm`` (tests/conftest.py): stand-in Slurm commands on PATH that record every call
   (pdlaunch.testing.FakeSlurm), for faults the real cluster cannot show on demand.
 * ``state_dir`` (autouse): pdlaunch's state (the Slurm record) in the test's own tmp dir.
 """
@@ -18,8 +18,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from tests.support.fake_slurm import fake_slurm  # noqa: F401 (a fixture)
 
 
 @pytest.fixture(autouse=True)

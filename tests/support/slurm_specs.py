@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import yaml
@@ -12,18 +11,7 @@ from pdlaunch.plan import Plan, build_plan
 from pdlaunch.rules import RUNTIME_ADDRESSED, has_errors, validate
 from pdlaunch.topology import Topology
 
-HERE = Path(__file__).resolve().parent
-LAUNCH = HERE
-REPO = HERE.parents[1]
-
-
-def install_fake(src: Path, dest: Path) -> Path:
-    """A launch-test stand-in (tests/support/fake_*.py) as an executable with this
-    interpreter in its shebang (Slurm steps find no venv on PATH by themselves)."""
-    body = src.read_text().split("\n", 1)[1]
-    dest.write_text(f"#!{sys.executable} -S\n{body}")
-    dest.chmod(0o755)
-    return dest
+REPO = Path(__file__).resolve().parents[2]
 
 
 def fake_spec(

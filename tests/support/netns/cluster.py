@@ -51,455 +51,56 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import json
 import os
 import pwd
-import re
-import shutil
-import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.netns.namespaces import (
+    INSTALL_HINT,
+    MAX_HOSTS,
+    MAX_SLOTS,
+    NETNS_ETC,
+    ROOT_PREFIX,
+    NetnsError,
+    block_tcp,
+    bridge_name,
+    gateway_address,
+    host_address,
+    hosts_file_text,
+    namespace_name,
+    ns_exec,
+    ns_nft,
+    preflight,
+    reset_host,
+    run_cmd,
+    set_netem,
+    ssh_config_text,
+    teardown_slot,
+    veth_name,
+)
+from tests.support.netns.slots import (
+    read_state,
+    remove_cluster_files,
+    state_path,
+    sweep_stale,
+    sync_arp_limits,
+    try_lock,
+    unlock,
+)
 from tests.support.sshd import (
     WRAPPER,
     SshdCluster,
-    SshdError,
     SshdHost,
     _ensure_privsep_dir,
     _wait_ready,
     find_sshd,
     keygen,
 )
-
-STATE_DIR = Path("/run/pdlaunch-netns")
-NETNS_ETC = Path("/etc/netns")
-MAX_SLOTS = 32
-MAX_HOSTS = 200  # 10.231.k.(10+N) must stay below .255
-FIREWALL_TABLE = "pdl"  # block_tcp's rules: table inet pdl, chains input and output
-LOSS_TABLE = "pdl_loss"  # set_netem's nftables fallback for loss
-ROOT_PREFIX = "pdl-netns"  # mkdtemp prefix of a cluster's files: the only dirs close() deletes
-_NAME = re.compile(r"^pdl(\d*)-(?:br|h\d+|h\d+-v)$")
-INSTALL_HINT = (
-    "the network-namespace test cluster needs root, `ip` (iproute2), `unshare` (util-linux), "
-    "`tc` and, for firewall rules, `nft` (Debian: apt-get install -y iproute2 "
-    "util-linux nftables); scripts/install.sh installs them"
-)
-
-
-class NetnsError(RuntimeError):
-    """The namespace cluster could not be set up, driven or torn down."""
-
-
-# ------------------------------------------------------------------------------ naming (pure)
-
-
-def slot_prefix(slot: int) -> str:
-    """Slot 0 gets the plain names (pdl-h1); others carry their slot (pdl3-h1)."""
-    return "pdl-" if slot == 0 else f"pdl{slot}-"
-
-
-def namespace_name(slot: int, index: int) -> str:
-    return f"{slot_prefix(slot)}h{index}"
-
-
-def veth_name(slot: int, index: int) -> str:
-    return f"{namespace_name(slot, index)}-v"  # at most 15 chars: "pdl31-h200-v"
-
-
-def bridge_name(slot: int) -> str:
-    return f"{slot_prefix(slot)}br"
-
-
-def gateway_address(slot: int) -> str:
-    return f"10.231.{slot}.1"
-
-
-def host_address(slot: int, index: int) -> str:
-    return f"10.231.{slot}.{10 + index}"
-
-
-def parse_slot(name: str) -> int | None:
-    """Slot of a namespace/link/etc-dir name this module creates; None for anything else."""
-    m = _NAME.match(name)
-    if m is None:
-        return None
-    return int(m.group(1)) if m.group(1) else 0
-
-
-def hosts_file_text(mapping: dict[str, str]) -> str:
-    return "".join(f"{addr}\t{name}\n" for name, addr in mapping.items())
-
-
-def ssh_config_text(
-    hosts: Iterable[tuple[str, str]], *, user: str, key_file: str, known_hosts: str
-) -> str:
-    """``Host NAME / HostName ADDRESS`` stanzas plus a ``Host *`` that isolates the client
-    from ~/.ssh and /etc/ssh (only the cluster's known_hosts is trusted)."""
-    out = [
-        f"Host {name}\n    HostName {addr}\n    Port 22\n    User {user}\n"
-        f"    IdentityFile {key_file}\n    IdentitiesOnly yes\n"
-        for name, addr in hosts
-    ]
-    out.append(f"Host *\n    UserKnownHostsFile {known_hosts}\n    GlobalKnownHostsFile none\n")
-    return "".join(out)
-
-
-# ------------------------------------------------------------------------------ system calls
-
-
-def run_cmd(argv: Sequence[str], *, check: bool = True, timeout: float = 30.0) -> str:
-    """Run ``argv``; its stdout, or NetnsError naming the command and its stderr."""
-    try:
-        res = subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-        )
-    except FileNotFoundError as exc:
-        raise NetnsError(f"{argv[0]} not found: {INSTALL_HINT}") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise NetnsError(f"`{' '.join(argv)}` did not finish within {timeout:g}s") from exc
-    if check and res.returncode != 0:
-        raise NetnsError(f"`{' '.join(argv)}` failed (rc={res.returncode}): {res.stderr.strip()}")
-    return res.stdout
-
-
-def preflight() -> list[str]:
-    """What this machine lacks to build a cluster (empty: nothing)."""
-    problems = []
-    if os.geteuid() != 0:
-        problems.append("not running as root (network namespaces and bridges need it)")
-    for tool in ("ip", "unshare", "tc", "hostname"):
-        if shutil.which(tool) is None:
-            problems.append(f"`{tool}` not found")
-    try:
-        find_sshd()
-    except SshdError as exc:
-        problems.append(str(exc))
-    return problems
-
-
-def list_namespaces() -> list[str]:
-    out = run_cmd(["ip", "netns", "list"], check=False)
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
-
-
-def list_links() -> list[str]:
-    """Interface names of the root namespace (``pdl-h1-v@if2`` -> ``pdl-h1-v``)."""
-    names = []
-    for line in run_cmd(["ip", "-o", "link", "show"], check=False).splitlines():
-        parts = line.split(":", 2)
-        if len(parts) >= 2:
-            names.append(parts[1].strip().split("@", 1)[0])
-    return names
-
-
-def netns_pids(ns: str) -> list[int]:
-    out = run_cmd(["ip", "netns", "pids", ns], check=False)
-    return [int(x) for x in out.split() if x.isdigit()]
-
-
-def kill_namespace_processes(ns: str, timeout: float = 5.0) -> None:
-    """SIGKILL everything in ``ns`` until nothing is left (a session may fork meanwhile)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        pids = netns_pids(ns)
-        if not pids:
-            return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if time.monotonic() > deadline:
-            raise NetnsError(f"processes {pids} in namespace {ns} survived SIGKILL")
-        time.sleep(0.02)
-
-
-def leftovers(slot: int | None = None) -> dict[str, list[str]]:
-    """Namespaces, root-namespace links and /etc/netns entries of ``slot`` (None: any slot)."""
-
-    def mine(name: str) -> bool:
-        s = parse_slot(name)
-        return s is not None and (slot is None or s == slot)
-
-    etc = sorted(p.name for p in NETNS_ETC.iterdir()) if NETNS_ETC.is_dir() else []
-    return {
-        "namespaces": [n for n in list_namespaces() if mine(n)],
-        "links": [n for n in list_links() if mine(n)],
-        "etc": [n for n in etc if mine(n)],
-    }
-
-
-def teardown_slot(slot: int) -> None:
-    """Remove everything of ``slot``: processes, namespaces, veths, bridge, /etc/netns entries.
-    Idempotent; the caller must own the slot (or know its owner is gone)."""
-    found = leftovers(slot)
-    errors = []
-    for ns in found["namespaces"]:
-        try:
-            kill_namespace_processes(ns)
-            run_cmd(["ip", "netns", "del", ns])
-        except NetnsError as exc:
-            errors.append(str(exc))
-    # veth root ends vanish with their namespace; the bridge (and a veth whose namespace was
-    # never made) is deleted here, veths first so the bridge is empty
-    for link in sorted(leftovers(slot)["links"], key=lambda n: n.endswith("-br")):
-        with contextlib.suppress(NetnsError):
-            run_cmd(["ip", "link", "del", link])
-    for name in found["etc"]:
-        shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        if NETNS_ETC.is_dir() and not any(NETNS_ETC.iterdir()):
-            NETNS_ETC.rmdir()  # we made it: /etc/netns does not exist on a stock Debian
-    left = leftovers(slot)
-    if any(left.values()) or errors:
-        raise NetnsError(f"teardown of slot {slot} incomplete: {left} {'; '.join(errors)}")
-
-
-# ------------------------------------------------------------------------------ inside a host
-
-
-def ns_exec(ns: str, argv: Sequence[str], *, check: bool = True) -> str:
-    return run_cmd(["ip", "netns", "exec", ns, *argv], check=check)
-
-
-def ns_nft(ns: str, *command: str, check: bool = True) -> str:
-    """``nft COMMAND`` in the namespace: its own ruleset, empty when the namespace is made."""
-    if shutil.which("nft") is None:
-        raise NetnsError(f"`nft` not found: {INSTALL_HINT}")
-    return ns_exec(ns, ["nft", *command], check=check)
-
-
-def _base_chain(table: str, chain: str) -> list[str]:
-    return [
-        f"add table inet {table}",
-        f"add chain inet {table} {chain} "
-        f"{{ type filter hook {chain} priority 0 ; policy accept ; }}",
-    ]
-
-
-VERDICTS = {"drop": "drop", "reject": "reject", "reset": "reject with tcp reset"}
-
-
-def block_tcp(
-    ns: str, port: int, *, chain: str = "input", peer: str | None = None, action: str = "drop"
-) -> None:
-    """A firewall rule in host ``ns``: TCP to ``port`` arriving (``chain="input"``, from
-    ``peer`` if given) or leaving (``"output"``, to ``peer``) is dropped (silence: the peer
-    times out), rejected (ICMP port unreachable) or reset (TCP RST)."""
-    if chain not in ("input", "output") or action not in VERDICTS:
-        raise NetnsError(f"block_tcp: chain input|output and action {'|'.join(VERDICTS)}")
-    match = f"ip {'saddr' if chain == 'input' else 'daddr'} {peer} " if peer else ""
-    for command in _base_chain(FIREWALL_TABLE, chain):
-        ns_nft(ns, command)
-    ns_nft(ns, f"add rule inet {FIREWALL_TABLE} {chain} {match}tcp dport {port} {VERDICTS[action]}")
-
-
-def set_netem(ns: str, delay_ms: float = 0, loss_pct: float = 0) -> str:
-    """Delay and/or drop what host ``ns`` sends (netem on its eth0), replacing any earlier
-    setting; 0, 0 removes it.
-
-    Returns how it was done: ``"netem"``, ``"nft"`` (loss only, on a kernel without sch_netem:
-    a random-drop rule on the host's output) or ``"off"``. Delay on such a kernel is a
-    NetnsError: nothing else in the kernel can hold packets back."""
-    if delay_ms < 0 or not 0 <= loss_pct <= 100:
-        raise NetnsError(
-            f"netem needs delay_ms >= 0 and 0 <= loss_pct <= 100, not {delay_ms}, {loss_pct}"
-        )
-    ns_exec(ns, ["tc", "qdisc", "del", "dev", "eth0", "root"], check=False)
-    if shutil.which("nft") is not None:
-        ns_nft(ns, f"delete table inet {LOSS_TABLE}", check=False)
-    if delay_ms == 0 and loss_pct == 0:
-        return "off"
-    netem = ["netem", "delay", f"{delay_ms:g}ms", "loss", f"{loss_pct:g}%"]
-    try:
-        ns_exec(ns, ["tc", "qdisc", "replace", "dev", "eth0", "root", *netem])
-        return "netem"
-    except NetnsError as exc:
-        if "kind is unknown" not in str(exc):
-            raise
-    if delay_ms > 0:
-        raise NetnsError(
-            f"cannot delay packets of {ns}: this kernel ({os.uname().release}) has no sch_netem "
-            "(CONFIG_NET_SCH_NETEM); only loss can be emulated here (set delay 0)"
-        )
-    for command in _base_chain(LOSS_TABLE, "output"):
-        ns_nft(ns, command)
-    below = max(1, round(loss_pct * 100))  # numgen draws 0..9999
-    sample = f"numgen random mod 10000 < {below} " if below < 10000 else ""
-    ns_nft(ns, f'add rule inet {LOSS_TABLE} output oifname "eth0" {sample}drop')
-    return "nft"
-
-
-def reset_host(ns: str) -> None:
-    """No firewall rule (the namespace's whole nftables ruleset) and no netem in ``ns``."""
-    set_netem(ns)
-    if shutil.which("nft") is not None:
-        ns_nft(ns, "flush ruleset", check=False)
-
-
-def netem_state(ns: str) -> str:
-    """Human summary of what :func:`set_netem` left in ``ns`` ("" when nothing)."""
-    qdisc = ns_exec(ns, ["tc", "qdisc", "show", "dev", "eth0"], check=False)
-    parts = [line.strip() for line in qdisc.splitlines() if " netem " in line]
-    if shutil.which("nft") is not None:
-        rules = ns_nft(ns, f"list table inet {LOSS_TABLE}", check=False)
-        parts += [f"nft {line.strip()}" for line in rules.splitlines() if "numgen" in line]
-    return "; ".join(parts)
-
-
-# ------------------------------------------------------------------------------ slots
-
-
-def _lock_path(slot: int) -> Path:
-    return STATE_DIR / f"slot{slot}.lock"
-
-
-def state_path(slot: int) -> Path:
-    return STATE_DIR / f"slot{slot}.json"
-
-
-def read_state(slot: int) -> dict:
-    try:
-        return json.loads(state_path(slot).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def try_lock(slot: int) -> int | None:
-    """An fd holding the slot's lock, or None when a live process holds it."""
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
-    fd = os.open(_lock_path(slot), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
-
-
-def unlock(fd: int) -> None:
-    with contextlib.suppress(OSError):
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    with contextlib.suppress(OSError):
-        os.close(fd)
-
-
-def slot_owner(slot: int) -> str:
-    """``live`` (a running process holds the lock), ``persistent`` (made by the CLI),
-    ``stale`` (leftovers, no owner) or ``free``."""
-    fd = try_lock(slot)
-    if fd is None:
-        return "live"
-    try:
-        if read_state(slot).get("persistent"):
-            return "persistent"
-        return "stale" if any(leftovers(slot).values()) else "free"
-    finally:
-        unlock(fd)
-
-
-def remove_cluster_files(slot: int) -> None:
-    """The slot's state file and the cluster directory it names (only one of ours); the ARP
-    limits then fit the clusters left (the machine's own values once none is)."""
-    root = read_state(slot).get("root")
-    if root and Path(root).name.startswith(ROOT_PREFIX):
-        shutil.rmtree(root, ignore_errors=True)
-    with contextlib.suppress(FileNotFoundError):
-        state_path(slot).unlink()
-    sync_arp_limits()
-
-
-def sweep_stale() -> list[int]:
-    """Tear down every slot that has leftovers but no live owner and no persistent mark
-    (a crashed earlier run); returns those slots."""
-    slots = {parse_slot(n) for names in leftovers().values() for n in names} - {None}
-    swept = []
-    for slot in sorted(s for s in slots if s is not None):
-        fd = try_lock(slot)
-        if fd is None:
-            continue
-        try:
-            if read_state(slot).get("persistent"):
-                continue
-            teardown_slot(slot)
-            remove_cluster_files(slot)
-            swept.append(slot)
-        finally:
-            unlock(fd)
-    return swept
-
-
-# ------------------------------------------------------------------------------ ARP limits
-
-ARP_SYSCTL = Path("/proc/sys/net/ipv4/neigh/default")
-ARP_KEYS = ("gc_thresh1", "gc_thresh2", "gc_thresh3")  # raised largest first, lowered last
-
-
-def arp_limits_needed(cluster_sizes: Iterable[int]) -> dict[str, int]:
-    """gc_thresh1/2/3 for clusters of these sizes at once: each of n hosts that all talk to
-    each other (and to the control address) holds n + 1 neighbours. gc_thresh1: nothing is
-    collected below it; 2 and 3: soft and hard limits, with room to spare."""
-    entries = sum(n * (n + 1) for n in cluster_sizes)
-    return {"gc_thresh1": entries, "gc_thresh2": 2 * entries, "gc_thresh3": 4 * entries}
-
-
-def read_arp_limits(sysctl: Path = ARP_SYSCTL) -> dict[str, int]:
-    return {k: int((sysctl / k).read_text()) for k in ARP_KEYS}
-
-
-def _write_arp_limits(values: dict[str, int], sysctl: Path) -> None:
-    now = read_arp_limits(sysctl)
-    raising = [k for k in reversed(ARP_KEYS) if values[k] > now[k]]  # thresh3 first
-    lowering = [k for k in ARP_KEYS if values[k] < now[k]]  # thresh1 first
-    for k in raising + lowering:
-        try:
-            (sysctl / k).write_text(f"{values[k]}\n")
-        except OSError as exc:
-            raise NetnsError(f"cannot set net.ipv4.neigh.default.{k} = {values[k]}: {exc}") from exc
-
-
-def sync_arp_limits(
-    cluster_sizes: Sequence[int] | None = None,
-    *,
-    sysctl: Path = ARP_SYSCTL,
-    saved: Path | None = None,
-) -> dict[str, int]:
-    """Fit the shared neighbour table to the clusters that exist now (default: every slot
-    with a state file, live or persistent): the machine's own values, raised where those
-    clusters need more. The machine's own values are saved before the first raise and
-    written back, the save removed, when no cluster is left. Returns the values in force."""
-    if not sysctl.is_dir():  # no IPv4 neighbour settings to fit (not Linux as we know it)
-        return {}
-    saved = saved or STATE_DIR / "arp-limits.json"
-    saved.parent.mkdir(parents=True, exist_ok=True)
-    lock = os.open(saved.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if cluster_sizes is None:
-            cluster_sizes = [int(read_state(s).get("n") or 0) for s in range(MAX_SLOTS)]
-        sizes = [n for n in cluster_sizes if n > 0]
-        try:
-            original = {k: int(v) for k, v in json.loads(saved.read_text()).items()}
-        except (OSError, ValueError):
-            original = None
-        if not sizes:
-            if original is not None:
-                _write_arp_limits(original, sysctl)
-                saved.unlink()
-            return read_arp_limits(sysctl)
-        base = original or read_arp_limits(sysctl)
-        need = arp_limits_needed(sizes)
-        values = {k: max(base[k], need[k]) for k in ARP_KEYS}
-        if values != base and original is None:
-            saved.write_text(json.dumps(base) + "\n")  # before the first change
-        _write_arp_limits(values, sysctl)
-        return values
-    finally:
-        unlock(lock)
-
 
 # ------------------------------------------------------------------------------ the cluster
 
