@@ -220,7 +220,7 @@ def test_a_stop_failing_on_host_b_keeps_exactly_that_pid_recorded(world):
 
 def test_a_stop_that_timed_out_once_is_asked_again_and_rollback_completes(world):
     # CI: on a loaded 2-core host a stop command stalled past its timeout during rollback
-    # (tests/netns DP MoE case); the stop is idempotent, so launch asks again.
+    # (tests/system/netns DP MoE case); the stop is idempotent, so launch asks again.
     world.dies_at_start.add("router")
     world.hang(B, "stop", times=1)
     with pytest.raises(LaunchError) as info:

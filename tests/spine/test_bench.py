@@ -1,7 +1,7 @@
 """`bench` runs `vllm bench serve` through the hosts layer: on the control host's LocalHost
 and, the same way, on any SSH host (e.g. the router's).
 
-The real client needs a running deployment (tests/e2e runs it); here a stand-in `vllm`
+The real client needs a running deployment (tests/system/engines runs it); here a stand-in `vllm`
 script records what it was given (argv, environment, working directory) into the result file
 the real one writes, so each test can fail on a wrong command, environment or cleanup.
 """

@@ -1,6 +1,6 @@
-"""What the engine tests (tests/e2e/test_cpu_pd.py, tests/netns/test_netns_pd.py,
-tests/slurm/test_slurm_cpu_pd.py) send to a vLLM deployment of the tiny model and read back:
-token-id prompts, greedy completion requests, vLLM's prompt-token counters, and the KV-lease
+"""What the engine tests (tests/system/engines/test_cpu_pd.py,
+tests/system/netns/test_netns_pd.py, tests/system/slurm/test_slurm_cpu_pd.py) send to a vLLM deployment of the tiny model and read
+back: token-id prompts, greedy completion requests, vLLM's prompt-token counters, and the KV-lease
 hazard lines of prefill's log (docs/cpu-pd-recipe.md, gotcha 7)."""
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def make_prompts(seed: int, lengths: Sequence[int]) -> list[list[int]]:
     return [[rng.randrange(4, 2048) for _ in range(n)] for n in lengths]
 
 
-# The prompts of the loopback deployments (tests/e2e/test_cpu_pd.py,
-# tests/slurm/test_slurm_cpu_pd.py): lengths on both sides of 32-token block boundaries.
+# The prompts of the loopback deployments (tests/system/engines/test_cpu_pd.py,
+# tests/system/slurm/test_slurm_cpu_pd.py): lengths on both sides of 32-token block boundaries.
 CPU_PD_PROMPT_LENS = (10, 31, 33, 64, 100, 129, 200, 250)
 CPU_PD_PROMPTS = make_prompts(20260, CPU_PD_PROMPT_LENS)
 

@@ -27,7 +27,7 @@ Behaviour is set by environment variables (topologies set them per instance via 
 ``FAKE_VLLM_DELAY``     seconds to wait before listening (default 0)
 ``FAKE_VLLM_SIDE_CHANNEL_PORT``  the ``remote_port`` a prefill hands out (default: its HTTP
                         port); a port nothing listens on makes a real decode's NIXL
-                        handshake with it fail (tests/e2e/test_cpu_pd.py)
+                        handshake with it fail (tests/system/engines/test_cpu_pd.py)
 ``FAKE_VLLM_REQUIRE_ENV``  comma-separated variable names that must be set (exit 4 otherwise);
                         only the names are ever printed, never the values
 ``FAKE_VLLM_CHILDREN``  start that many child processes (``sleep``) in the engine's process

@@ -33,7 +33,7 @@ from tests.support.processes import procs_under, wait_no_procs
 from tests.support.slurm_specs import fake_spec
 from tests.support.sshd import free_port
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def pdl(*args: object, limit: float = 240.0) -> Run:

@@ -32,7 +32,7 @@ from tests.support.netns import (
 )
 
 pytestmark = pytest.mark.netns
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def alive(pid: int) -> bool:

@@ -1,5 +1,5 @@
 """`pdlaunch ... --backend slurm` as a user runs it: pdlaunch in a process of its own, against
-the test cluster's two nodes (tests/slurm/conftest.py) and the stand-in engines of
+the test cluster's two nodes (tests/system/slurm/conftest.py) and the stand-in engines of
 test_jobs.py. One deployment goes up, status, logs, down; the other cases submit
 nothing, or only a job they interrupt."""
 

@@ -29,7 +29,7 @@ from tests.support.fake_bins import FAKES
 
 IMAGE = "localhost/pdlaunch-engine:test"
 PDLAUNCH = [sys.executable, "-m", "pdlaunch"]
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

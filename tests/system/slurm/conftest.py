@@ -1,7 +1,7 @@
 """Slurm-test fixtures.
 
 * ``slurm_cluster`` (session, tests/support/slurm_fixtures.py, imported by tests/conftest.py so
-  tests/slurm and tests/runtime share one cluster): a real two-node Slurm cluster on this
+  every suite shares one cluster): a real two-node Slurm cluster on this
   machine (tests/support/slurm_cluster.py: munged, slurmctld, one slurmd per node). ``SLURM_CONF``
   points at it for the whole session, so pdlaunch's Slurm commands reach it. Stopped, and
   checked to leave no daemon or slurmstepd behind, at the end of the session. Missing

