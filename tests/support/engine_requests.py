@@ -1,7 +1,8 @@
 """What the engine tests (tests/system/engines/test_cpu_pd.py,
-tests/system/netns/test_netns_pd.py, tests/system/slurm/test_slurm_cpu_pd.py) send to a vLLM deployment of the tiny model and read
-back: token-id prompts, greedy completion requests, vLLM's prompt-token counters, and the KV-lease
-hazard lines of prefill's log (docs/cpu-pd-recipe.md, gotcha 7)."""
+tests/system/netns/test_netns_pd.py, tests/system/slurm/test_slurm_cpu_pd.py) send to a vLLM
+deployment of the tiny model and read back: token-id prompts, greedy completion requests,
+vLLM's prompt-token counters, and the KV-lease hazard lines of prefill's log
+(docs/cpu-pd-recipe.md, gotcha 7)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The processes of the engine tests (tests/system/engines/test_cpu_pd.py,
-tests/system/netns/test_netns_pd.py, tests/system/slurm/test_slurm_cpu_pd.py): the tiny model, one plain vLLM instance for
-reference outputs, free ports, the pdlaunch CLI as a subprocess, and what is left in /proc."""
+tests/system/netns/test_netns_pd.py, tests/system/slurm/test_slurm_cpu_pd.py): the tiny model,
+one plain vLLM instance for reference outputs, free ports, the pdlaunch CLI as a subprocess,
+and what is left in /proc."""
 
 from __future__ import annotations
 
