@@ -12,7 +12,7 @@
 
 Only this package root imports the command modules, so `app` is complete once
 ``pdlaunch.cli`` is imported and no module below imports one above it
-(tests/spine/test_imports.py checks this).
+(tests/packaging/test_imports.py checks this).
 """
 
 from __future__ import annotations

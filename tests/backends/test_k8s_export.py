@@ -2,7 +2,7 @@
 carry the plan (argv, env, ports, devices) with only machine-bound values replaced, never a
 secret's value, and the router finds exactly the pods that serve HTTP.
 
-Kubernetes and LWS are not run here: tests/export/kube.py holds their schemas (fixtures) and
+Kubernetes and LWS are not run here: tests/backends/kube.py holds their schemas (fixtures) and
 ports of the kubelet's `$(VAR)` expansion and LWS's pod variables, and vLLM's and
 vllm-router's own parsers judge the commands the containers end up with.
 """
@@ -29,7 +29,7 @@ from pdlaunch.devices import PROFILES
 from pdlaunch.load import load, load_text
 from pdlaunch.plan import Plan, build_plan
 from pdlaunch.rules import has_errors, validate
-from tests.export import kube
+from tests.backends import kube
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "topologies").glob("*.yaml"))

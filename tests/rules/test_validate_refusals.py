@@ -20,7 +20,7 @@ from pdlaunch.load import load_text
 from pdlaunch.plan import build_plan
 from pdlaunch.rules import has_errors
 from pdlaunch.rules.args import MANAGED_ROUTER, MANAGED_VLLM
-from tests.spine.validate_cases import (
+from tests.rules.validate_cases import (
     MANAGED_SPELLINGS,
     MARK,
     NODE1_ADDRESS,

@@ -35,7 +35,7 @@ XPU = devices.DeviceProfile(
     default_block_size=16,
     block_multiple_of=16,
     probe_families=("nvidia",),
-    source="fictitious: tests/spine/test_new_accelerator.py",
+    source="fictitious: tests/plan/test_new_accelerator.py",
 )
 
 

@@ -14,7 +14,7 @@ from pdlaunch.nodeenv import VISIBLE_DEVICE_VARS, managed_env
 from pdlaunch.plan import build_plan
 from pdlaunch.ports import all_nodes
 from pdlaunch.rules.args import MANAGED_VLLM
-from tests.spine.validate_cases import (
+from tests.rules.validate_cases import (
     MANAGED_SPELLINGS,
     MARK,
     NODE1_ADDRESS,
