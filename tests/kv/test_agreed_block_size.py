@@ -1,30 +1,20 @@
-"""Facts that once had two copies now have one helper each (issue 10 item 4): the agreed
-block size, the `file:line field` of a finding, and the re-blocking prefill's
---kv-transfer-config. Each test fails if a second copy comes back or the callers drift."""
+"""The agreed block size (the GCD of every block size) and the re-blocking prefill's
+--kv-transfer-config, as the plan derives them on the control host. That the connector inside
+vLLM reads the same values from what the plan renders: tests/kv/test_kv_connector.py
+(test_derived_agreed_is_the_plans, test_the_plans_reblocking_config_is_what_the_connector_reads)."""
 
 from __future__ import annotations
 
-import ast
 import json
-from pathlib import Path
 
 import pytest
 import yaml
 
 from pdlaunch import kv as kv_extension
 from pdlaunch import kvgeometry
-from pdlaunch.load import LoadError, Problem, dotted, load_text, where
+from pdlaunch.load import load_text
 from pdlaunch.plan import build_plan
 from pdlaunch.rules import validate
-from pdlaunch.rules.base import Finding
-
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "pdlaunch"
-
-
-def _sources() -> list[Path]:
-    return sorted(PACKAGE.rglob("*.py"))
-
 
 # --- agreed block size ----------------------------------------------------------------------
 
@@ -36,18 +26,6 @@ def test_agreed_block_size_is_the_gcd_of_positive_sizes():
     for bad in ([], [16, 0], [-16]):
         with pytest.raises(ValueError):
             kv_extension.agreed_block_size(bad)
-
-
-def test_gcd_is_computed_in_one_place():
-    # kvgeometry (control host) and the connector (inside vLLM) both call
-    # pdlaunch.kv.agreed_block_size; a gcd anywhere else is a second copy.
-    users = []
-    for path in _sources():
-        for node in ast.walk(ast.parse(path.read_text())):
-            name = getattr(node, "id", None) or getattr(node, "attr", None)
-            if name == "gcd":
-                users.append(path.relative_to(ROOT).as_posix())
-    assert set(users) == {"pdlaunch/kv/__init__.py"}
 
 
 @pytest.mark.parametrize(
@@ -66,40 +44,6 @@ def test_plan_agreed_is_the_helper_over_every_block(prefill, decodes, agreed):
     topo, _ = load_text(yaml.safe_dump(data), "t.yaml")
     assert kvgeometry.agreed_block_size(topo) == agreed
     assert kv_extension.agreed_block_size([prefill, *decodes]) == agreed
-
-
-# --- where ----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("file", "line", "field", "expected"),
-    [
-        ("t.yaml", 3, ("prefill", 0, "port"), "t.yaml:3 prefill[0].port"),
-        ("t.yaml", None, ("router",), "t.yaml router"),
-        ("t.yaml", 7, (), "t.yaml:7"),
-        ("t.yaml", None, (), "t.yaml"),
-    ],
-)
-def test_problems_and_findings_point_the_same_way(file, line, field, expected):
-    assert where(file, line, dotted(field)) == expected
-    assert Problem(file, line, dotted(field), "m").where() == expected
-    finding = Finding("r", "error", field, "m", "f", "s", file=file, line=line)
-    assert finding.where == expected
-
-
-def test_load_problem_and_rule_finding_on_one_field_read_alike():
-    text = (
-        "deployment: t\nmodel: {name: m}\n"
-        "prefill: [{host: a, device: cuda, port: 8100}]\n"
-        "decode: [{host: a, device: cuda, port: 8100, devices: [1]}]\n"
-        "router: {host: r}\n"
-    )
-    topo, source = load_text(text, "t.yaml")
-    finding = next(f for f in validate(topo, source) if f.rule == "port-conflict")
-    with pytest.raises(LoadError) as info:
-        load_text(text.replace("port: 8100, devices", "port: 0, devices"), "t.yaml")
-    (problem,) = info.value.problems
-    assert finding.where == problem.where() == "t.yaml:4 decode[0].port"
 
 
 # --- the re-blocking prefill's --kv-transfer-config -----------------------------------------
@@ -137,20 +81,3 @@ def test_plan_config_for_a_reblocking_prefill_is_the_builders():
     argv_json = prefill.argv[prefill.argv.index("--kv-transfer-config") + 1]
     assert argv_json == json.dumps(expected)
     assert expected["kv_connector"] == kv_extension.CONNECTOR_CLASS
-
-
-def test_the_extension_config_is_built_in_one_place():
-    # Only the builder names the extension's module path and its extra-config keys; the
-    # connector reads the same constants. A literal elsewhere is a second builder.
-    literals = {
-        kv_extension.CONNECTOR_MODULE_PATH,
-        kv_extension.KEY_DECODE_BLOCK_SIZES,
-        kv_extension.KEY_DECODE_KV_LAYOUT,
-    }
-    found = [
-        path.relative_to(ROOT).as_posix()
-        for path in _sources()
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.Constant) and node.value in literals
-    ]
-    assert set(found) == {"pdlaunch/kv/__init__.py"}
