@@ -1,5 +1,6 @@
 """The sbatch script and process scripts the Slurm backend renders (pure), run through bash
-for real, and judged by the real slurmctld (`sbatch --test-only`)."""
+for real. The real slurmctld's verdict on them (`sbatch --test-only`):
+tests/system/slurm/test_sbatch_test_only.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import pytest
 from pdlaunch.backends import slurm
 from pdlaunch.load import load
 from pdlaunch.plan import build_plan
-from pdlaunch.runtime.slurm import jobs
 from tests.support.slurm_specs import REPO, fake_spec, planned
 
 LOCAL = REPO / "topologies" / "local-cpu.yaml"
@@ -289,24 +289,3 @@ def test_node_runner_keeps_the_plan_cores_only_within_the_allowed_cpus(tmp_path:
     res = _runner(tmp_path, ["-", "-", f"{inside}|{max(allowed) + 1}"])
     assert res.stdout.strip() == "devices=unset bind=auto"
     assert "are not all among this step's CPUs" in res.stderr
-
-
-# -- slurmctld's verdict ------------------------------------------------------------------------
-@pytest.mark.slurm
-def test_sbatch_test_only_accepts_the_rendered_jobs(slurm_cluster, tmp_path: Path) -> None:
-    before = set(slurm_cluster.jobs())
-    msg = jobs.sbatch_test_only(_plan(LOCAL), slurm.SlurmOptions(), tmp_path / "local")
-    assert "to start at" in msg and slurm_cluster.nodes[0] in msg
-    spec = fake_spec("het", tmp_path / "w", slurm_cluster.nodes, _bins(tmp_path), PORTS)
-    _, _, plan = planned(spec, tmp_path / "het.yaml")
-    opts = slurm.SlurmOptions(nodelist=tuple(slurm_cluster.nodes), time="5")
-    msg = jobs.sbatch_test_only(plan, opts, tmp_path / "het")
-    assert "to start at" in msg
-    assert set(slurm_cluster.jobs()) <= before  # --test-only queues nothing
-
-
-@pytest.mark.slurm
-def test_sbatch_test_only_refuses_what_the_cluster_cannot_give(slurm_cluster, tmp_path) -> None:
-    """The same check fails for a job this cluster cannot run (GPUs it does not have)."""
-    with pytest.raises(jobs.SlurmRunError, match="refused"):
-        jobs.sbatch_test_only(_plan(GB200), slurm.SlurmOptions(), tmp_path / "gb200")

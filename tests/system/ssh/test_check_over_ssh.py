@@ -8,85 +8,22 @@ from __future__ import annotations
 import json
 import shutil
 import socket
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
-from pdlaunch.check.batch import Job, batch_script, parse_batch, run_jobs
-from pdlaunch.check.probes import CommandOutput
-from pdlaunch.check.report import CheckReport
-from pdlaunch.check.results import CheckResult, Status
-from pdlaunch.check.runner import CheckOptions, run_check
-from pdlaunch.hosts import ConnectOptions, LocalHost
-from pdlaunch.load import load
-from pdlaunch.plan import build_plan
-from pdlaunch.rules import has_errors, validate
-from tests.support.sshd import free_port as _free_port
-
-_USED: set[int] = set()
-
-
-def free_port() -> int:
-    """A free port not handed out before in this session (plans must not share ports)."""
-    while True:
-        port = _free_port()
-        if port not in _USED:
-            _USED.add(port)
-            return port
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def fake_python(root: Path, name: str, vllm: str, nixl: str = "0.7.1") -> Path:
-    """An interpreter that sees exactly the given vllm/nixl distributions: the real
-    interpreter with ``-S`` (no site-packages) and PYTHONPATH -> fake ``*.dist-info``."""
-    site = root / name / "site"
-    for dist, ver in (("vllm", vllm), ("nixl", nixl)):
-        info = site / f"{dist}-{ver}.dist-info"
-        info.mkdir(parents=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {ver}\n")
-    bindir = root / name / "bin"
-    bindir.mkdir(parents=True)
-    py = bindir / "python"
-    py.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} -S "$@"\n')
-    py.chmod(0o755)
-    return py
-
-
-def ssh_of(h, cluster) -> dict:
-    return {
-        "port": h.port,
-        "user": cluster.user,
-        "key": str(cluster.key_file),
-        "connect_timeout": 5,
-    }
-
-
-def plan_of(tmp_path: Path, topo: dict):
-    path = tmp_path / "topology.yaml"
-    path.write_text(yaml.safe_dump(topo, sort_keys=False))
-    t, source = load(path)
-    findings = validate(t, source)
-    assert not has_errors(findings), [f.message for f in findings]
-    return path, build_plan(t)
-
-
-def rows(report: CheckReport, probe: str, target: str | None = None) -> list[CheckResult]:
-    return [
-        r for r in report.results if r.probe == probe and (target is None or r.target == target)
-    ]
-
-
-def host_of(report: CheckReport, process: str) -> str:
-    return next(h.label for h in report.hosts if process in [p.name for p in h.processes])
-
-
-def opts(cluster, **kw) -> CheckOptions:
-    return CheckOptions(connect=ConnectOptions(known_hosts=str(cluster.known_hosts)), **kw)
+from pdlaunch.check.results import Status
+from pdlaunch.check.runner import run_check
+from tests.support.check_over_ssh import (
+    fake_python,
+    free_port,
+    host_of,
+    opts,
+    plan_of,
+    rows,
+    ssh_of,
+)
 
 
 @pytest.fixture
@@ -358,76 +295,3 @@ def test_ascend_pair_and_cluster_rows(tmp_path, sshd_hosts, sshd_cluster):
     (fping,) = rows(fast, "ascend.ping", "prefill-0 -> decode-0")
     assert fping.status is Status.SKIP and "unknown" in fping.message
     assert rows(fast, "ascend.npu_smi") and rows(fast, "ascend.link_stat")
-
-
-# ------------------------------------------------------------------ the batch protocol
-
-
-def test_batch_framing_timeouts_and_odd_output():
-    host = LocalHost("127.0.0.1")
-    seen: dict[str, CommandOutput] = {}
-
-    def keep(name):
-        def ev(out: CommandOutput):
-            seen[name] = out
-            return [CheckResult(name, "h", Status.OK, "")]
-
-        return ev
-
-    jobs = [
-        Job("printf 'no newline'; printf 'e1\\ne2\\n' >&2; exit 3", 5, keep("a"), "a"),
-        Job("true", 5, keep("empty"), "empty"),
-        Job("printf '\\n\\nx\\n\\n'", 5, keep("blank"), "blank"),
-        Job("exit 127", 5, keep("missing"), "missing"),
-        Job("sleep 10", 1, keep("slow"), "slow"),
-    ]
-    res = run_jobs(host, jobs, "h")
-    assert seen["a"] == CommandOutput(3, "no newline", "e1\ne2\n")
-    assert seen["empty"] == CommandOutput(0, "", "")
-    assert seen["blank"].stdout == "\n\nx\n\n"
-    assert seen["missing"].rc == 127
-    slow = next(r for r in res if r.probe == "slow")
-    assert slow.status is Status.FAIL and "timed out after 1s" in slow.message
-    assert "slow" not in seen
-
-
-def test_parse_batch_ignores_missing_jobs():
-    b = "@@B"
-    script = batch_script([Job("echo hi", 5, lambda o: [], "x")], b)
-    assert "wait" in script and "timeout -k 2 5" in script
-    text = f"{b} 0 out\nhi\n\n{b} 0 err\n\n{b} 0 rc 0\n{b} 1 out\npartial"
-    assert parse_batch(text, b, 2) == {0: CommandOutput(0, "hi\n", "")}
-
-
-def test_reach_batch_prints_what_the_single_reach_probe_prints():
-    """The batched reachability snippet (one interpreter per source host) gives, per target,
-    the same JSON line as ports.REACH_SNIPPET, so ports.eval_port_reach judges both."""
-    import subprocess
-
-    from pdlaunch.check.probes.ports import REACH_BATCH_SNIPPET, REACH_SNIPPET
-
-    with socket.socket() as srv:
-        srv.bind(("127.0.0.1", 0))
-        srv.listen(4)
-        targets = [
-            ("127.0.0.1", srv.getsockname()[1]),
-            ("127.0.0.1", free_port()),
-            ("no-such-host.invalid", 8000),
-        ]
-        batch = subprocess.run(
-            [sys.executable, "-c", REACH_BATCH_SNIPPET, "3", json.dumps(targets)],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.splitlines()
-        single = [
-            subprocess.run(
-                [sys.executable, "-c", REACH_SNIPPET, h, str(p), "3"],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout.strip()
-            for h, p in targets
-        ]
-    assert [json.loads(x) for x in batch] == [json.loads(x) for x in single]
-    assert [json.loads(x)["result"] for x in batch] == ["open", "refused", "error"]

@@ -14,7 +14,7 @@ import pytest
 
 from pdlaunch.check.results import Status
 from pdlaunch.check.runner import run_check
-from tests.system.ssh.test_check_over_ssh import free_port, opts, plan_of, rows, ssh_of
+from tests.support.check_over_ssh import free_port, opts, plan_of, rows, ssh_of
 
 # A stand-in vLLM distribution: metadata 0.31.0 and the two modules the probe imports; its
 # serve parser is plain argparse that knows every flag but --max-num-seqs.
