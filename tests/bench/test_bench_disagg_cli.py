@@ -19,22 +19,9 @@ from typer.testing import CliRunner
 
 from pdlaunch import bench
 from pdlaunch.cli import app
+from tests.support.fake_bench_client import FAKE_VLLM
 
 FX = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
-
-FAKE_VLLM = r"""#!/bin/sh
-dir=""; n=0
-for a in "$@"; do
-  if [ "$prev" = "--result-dir" ]; then dir="$a"; fi
-  if [ "$prev" = "--num-prompts" ]; then n="$a"; fi
-  prev="$a"
-done
-touch "$BENCH_RAN"
-cat > "$dir/bench.json" <<EOF
-{"completed": $n, "failed": 0, "duration": 1.5, "mean_ttft_ms": 10.0, "p99_ttft_ms": 20.0,
- "request_throughput": 2.0, "output_throughput": 30.0, "total_token_throughput": 90.0}
-EOF
-"""
 
 
 class Engines:

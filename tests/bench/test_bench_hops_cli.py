@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from pdlaunch import bench
 from pdlaunch.cli import app
-from tests.bench.test_bench_disagg_cli import FAKE_VLLM
+from tests.support.fake_bench_client import FAKE_VLLM
 
 HOPS = Path(__file__).resolve().parents[1] / "fixtures" / "bench" / "hops"
 CLIENT = json.loads((HOPS / "bench_client.json").read_text())

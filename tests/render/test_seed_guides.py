@@ -20,7 +20,6 @@ kv_buffer_device or agreed_block_size).
 from __future__ import annotations
 
 import ast
-import functools
 import importlib.util
 import json
 import re
@@ -37,9 +36,9 @@ from pdlaunch.plan import build_plan
 from pdlaunch.render import render_plan, write_files
 from pdlaunch.rules import has_errors, validate
 from tests.support.fake_bins import container_runtime_standin
+from tests.support.seed_excerpts import SEEDS, excerpts
 
 ROOT = Path(__file__).resolve().parents[2]
-SEEDS = ROOT / "tests" / "fixtures" / "seeds"
 TOPOLOGIES = ROOT / "topologies"
 
 # What the scripts inherit: a known LD_LIBRARY_PATH checks the path-prepend logic against
@@ -49,7 +48,6 @@ INHERITED_LD = "/inherited/lib"
 
 FAKE = """#!{python}
 import json, os, sys
-from tests.support.fake_bins import container_runtime_standin
 with open(os.environ["PDLAUNCH_FAKE_OUT"], "w", encoding="utf-8") as f:
     json.dump({{"argv": [os.path.basename(sys.argv[0]), *sys.argv[1:]],
                 "env": dict(os.environ)}}, f)
@@ -187,28 +185,6 @@ def vllm_serve(commands: list[SeedCommand]) -> SeedCommand:
     found = [c for c in commands if c.argv[:2] == ["vllm", "serve"]]
     assert len(found) == 1, [c.argv[:3] for c in commands]
     return found[0]
-
-
-_EXCERPT = re.compile(r"^=== (\S+): lines (\d+)-(\d+), section .+ ===$", re.M)
-
-
-@functools.cache
-def excerpts(guide: str) -> dict[str, str]:
-    """The named excerpts of a seed guide's fixture: {name: the guide's lines, verbatim}."""
-    text = (SEEDS / guide).with_suffix(".txt").read_text(encoding="utf-8")
-    header = text.partition("\n")[0]
-    assert header.startswith(f"source: shared/seeds/{guide} "), header
-    marks = list(_EXCERPT.finditer(text))
-    out: dict[str, str] = {}
-    for mark, end in zip(marks, [m.start() for m in marks[1:]] + [len(text)], strict=True):
-        name, first, last = mark[1], int(mark[2]), int(mark[3])
-        body = text[mark.end() + 1 : end]
-        assert name not in out, f"{guide}: excerpt {name} twice"
-        assert body.count("\n") == last - first + 1 and body.endswith("\n"), (
-            f"{guide}: excerpt {name} does not hold lines {first}-{last}"
-        )
-        out[name] = body
-    return out
 
 
 # --------------------------------------------------------------------------- comparison
