@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, object] = {"prompt_len": args.prompt_len, "requests": args.requests}
     if not args.skip_live:
         if not (args.model / "config.json").exists():
-            subprocess.run([sys.executable, str(REPO / "tests/e2e/tiny_model.py"),
+            subprocess.run([sys.executable, str(REPO / "tests/support/tiny_model.py"),
                             str(args.model)], check=True)  # fmt: skip
         times = run_pair(args, args.root, 128, args.base_port)
         times.update(run_pair(args, args.root, 64, args.base_port + 10))

@@ -4,7 +4,7 @@ wall(1) <= 1.3.
 
 What is simulated, and why it measures pdlaunch rather than this machine:
 
-* Hosts: ``tests/netns.py`` namespaces ``pdl-hN`` (10.231.k.(10+N)), each with its own sshd,
+* Hosts: ``tests/support/netns/`` namespaces ``pdl-hN`` (10.231.k.(10+N)), each with its own sshd,
   network stack and work dir, one CPU prefill and one CPU decode per host (2N engines), the
   router on host 1: 2N+1 processes.
 * Latency: the kernel here has no sch_netem, so ``benchmarks/netns_relay.py`` (its own
@@ -15,7 +15,7 @@ What is simulated, and why it measures pdlaunch rather than this machine:
   answers every HTTP request with 200 (``/health`` is all `up --no-canary` needs): a 30-line C
   program built here with ``cc`` (about 0.6 ms CPU per start on this VM), else the same in
   ``python3 -S`` with only ``socket`` (about 10 ms); the script prints which and its measured
-  CPU per start. tests/launch/fake_vllm.py costs about 22 ms per start and is not needed
+  CPU per start. tests/support/fake_vllm.py costs about 22 ms per start and is not needed
   without the canary. So 65 "starting" engines cost almost no CPU, as on a real cluster where
   each host brings its own.
 * Like the CLI's `up`, the fast preflight check (check --fast) runs inside `up` unless

@@ -16,14 +16,14 @@ The relay is its own process, so its CPU never counts as the benchmark's (pdlaun
 
 prints one JSON line ``{"ports": [...]}`` (one listening port per target, in order) once it
 listens, and exits when its stdin closes or on SIGTERM. :class:`RelayedCluster` starts a
-:class:`tests.netns.NetnsCluster` and the relay, writes the SSH files, measures the injected
+:class:`tests.support.netns.NetnsCluster` and the relay, writes the SSH files, measures the injected
 round trip (:meth:`RelayedCluster.measure_rtt`) and reports the simulated hosts' CPU.
 :func:`count_ssh` counts SSH connections and commands per host while pdlaunch runs.
 
-One limit of the simulation is raised while a cluster lives, by tests/netns.py: Linux has one
+One limit of the simulation is raised while a cluster lives, by tests/support/netns/: Linux has one
 ARP table for all network namespaces together (``gc_thresh3`` 1024 by default), and 32 hosts
 that all dial each other need ~1,056 entries, so without it `check` saw ~40 of the 1,024
-side-channel pairs time out (see ``tests.netns.arp_limits_needed``).
+side-channel pairs time out (see ``tests.support.netns.arp_limits_needed``).
 """
 
 from __future__ import annotations
@@ -359,10 +359,10 @@ def proc_cpu(pid: int | None, children: bool = True) -> float:
 
 
 class RelayedCluster:
-    """``n`` namespace hosts (tests/netns.py), their sshd reached through a latency relay."""
+    """``n`` namespace hosts (tests/support/netns/), their sshd reached through a latency relay."""
 
     def __init__(self, n: int, rtt_ms: float, root: Path):
-        from tests.netns import NetnsCluster
+        from tests.support.netns import NetnsCluster
 
         self.rtt_ms = rtt_ms
         self.root = root

@@ -192,7 +192,7 @@ def _post(url: str, body: dict[str, Any], timeout: float, what: str) -> dict[str
     try:
         status, resp = post_json(url, body, timeout)
     except OSError as exc:
-        # "canary request ... timed out": what tests/engine_support.py retries `up` on
+        # "canary request ... timed out": what tests/support/engines.py retries `up` on
         raise PairError(f"canary request to {what} failed: {exc}") from None
     if status != 200 or not isinstance(resp, dict) or completion_text(resp) is None:
         raise PairError(f"canary request to {what} answered HTTP {status}: {str(resp)[:300]}")

@@ -7,7 +7,7 @@
     python scripts/netns_cluster.py status
     python scripts/netns_cluster.py down
 
-The same code as the tests' ``netns_cluster`` fixture (tests/netns.py). A cluster made here
+The same code as the tests' ``netns_cluster`` fixture (tests/support/netns/). A cluster made here
 outlives this script and test runs leave it alone; ``down`` removes it, and also whatever a
 crashed run left behind, but never a cluster a running test session holds.
 """
@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # `tests.netns` from any working directory
+if str(ROOT) not in sys.path:  # `tests.support.netns` from any working directory
     sys.path.insert(0, str(ROOT))
 
-from tests.netns import (  # noqa: E402
+from tests.support.netns import (  # noqa: E402
     MAX_HOSTS,
     MAX_SLOTS,
     NetnsCluster,

@@ -11,8 +11,8 @@
   :mod:`.check`, :mod:`.bench`, :mod:`.doctor`, :mod:`.export`, :mod:`.canary`.
 
 Only this package root imports the command modules, so `app` is complete once
-``pdlaunch.cli`` is imported and no module below imports one above it
-(tests/spine/test_imports.py checks this).
+``pdlaunch.cli`` is imported (tests/packaging/test_imports.py checks that, and that every
+module imports on its own) and no module below imports one above it.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ both refuse the same configurations.
   ``[num_blocks, heads, 2*block, head_size]`` and split in two
   (``vllm/v1/attention/backends/cpu_attn.py`` ``forward``/``do_kv_cache_update``); inside a
   block and head, K is dimension-major ``[head_size, block]`` and V token-major
-  ``[block, head_size]`` (probed: ``tests/kv/test_kv_cpu_layout.py`` writes the same tokens
+  ``[block, head_size]`` (probed: ``tests/kv/test_kv_cpu_blocks.py`` writes the same tokens
   with the engine's own ``cpu_attn_reshape_and_cache`` at block 128 and 64 and compares).
   Re-blocked by :mod:`pdlaunch.kv.cpu_blocks`.
 

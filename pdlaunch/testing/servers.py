@@ -3,7 +3,7 @@
 engine and vllm-router do, so `up`, `status` and the canary run for real against them.
 
 What a disaggregated pair exposes (the wire shapes the repository's stand-in engine,
-tests/launch/fake_vllm.py, emulates; vLLM's NixlConnector hands out ``kv_transfer_params``):
+tests/support/fake_vllm.py, emulates; vLLM's NixlConnector hands out ``kv_transfer_params``):
 
 * ``GET /health``: 503 while the process is starting (its behaviour's ``healthy_after``), 200
   after; ``GET /metrics``: ``vllm:prompt_tokens_by_source_total{source}`` and

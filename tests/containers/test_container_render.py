@@ -25,7 +25,7 @@ from pdlaunch.load import load, load_text
 from pdlaunch.plan import build_plan
 from pdlaunch.render import render_plan, render_secrets
 from pdlaunch.rules import validate
-from tests.spine.test_seeds import excerpts
+from tests.support.seed_excerpts import excerpts
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGIES = ROOT / "topologies"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import types
 
 import pytest
@@ -40,6 +41,8 @@ from pdlaunch.kv import (
 )
 from pdlaunch.kv import blocks as kb
 from pdlaunch.load import load_text
+from pdlaunch.plan import build_plan
+from pdlaunch.rules import has_errors, validate
 
 BLOCK, AGREED = 128, 16
 LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
@@ -128,6 +131,33 @@ def test_derived_agreed_is_the_plans(block, decodes):
         "t.yaml",
     )
     assert derived == kvgeometry.agreed_block_size(topo) == agreed_block_size([block, *decodes])
+
+
+@pytest.mark.parametrize(("block", "decodes"), [(128, [16, 32]), (64, [32]), (128, [64])])
+def test_the_plans_reblocking_config_is_what_the_connector_reads(block, decodes):
+    # What the control host renders for a re-blocking CUDA prefill, parsed as vLLM parses
+    # --kv-transfer-config, loads the extension's class and gives it the plan's geometry: a
+    # config built anywhere but the one builder (another module path, a key spelled otherwise)
+    # fails here, where the connector would refuse it at engine start.
+    decode = "".join(
+        f"  - {{host: 10.0.0.{i + 2}, device: cuda, block_size: {b}}}\n"
+        for i, b in enumerate(decodes)
+    )
+    topo, source = load_text(
+        "deployment: t\nmodel: {name: m}\nrouter: {host: r}\n"
+        f"prefill:\n  - {{host: 10.0.0.1, device: cuda, block_size: {block}, kv_layout: NHD}}\n"
+        f"decode:\n{decode}",
+        "t.yaml",
+    )
+    assert not has_errors(validate(topo, source))
+    (prefill,) = build_plan(topo).by_role("prefill")
+    rendered = prefill.argv[prefill.argv.index("--kv-transfer-config") + 1]
+    ktc = KVTransferConfig(**json.loads(rendered))
+    assert KVConnectorFactory.get_connector_class(ktc) is conn.PdlaunchNixlConnector
+    settings = conn.check_config(vllm_config(block_size=block, ktc=ktc), device_type="cuda")
+    assert settings == conn.ReblockSettings(
+        kvgeometry.agreed_block_size(topo), tuple(decodes), "HND"
+    )
 
 
 def test_non_positive_decode_size_is_refused_not_raised():

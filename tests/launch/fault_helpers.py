@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from pdlaunch.state import STATE_FILE, deployment_dir
-from tests.launch.helpers import Deployment, procs_under
+from tests.support.deployments import Deployment
+from tests.support.processes import procs_under
 
 TRACEBACK = "Traceback (most recent call last)"
 ENGINES = ("prefill-0", "decode-0")  # the engines of conftest's 1P1D topology

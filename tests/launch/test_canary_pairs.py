@@ -1,5 +1,5 @@
 """The canary over every prefill → decode pair, at `up` and as `pdlaunch canary`, on a 2
-prefills x 2 decodes deployment of the fake engine and router (tests/launch/fake_vllm.py,
+prefills x 2 decodes deployment of the fake engine and router (tests/support/fake_vllm.py,
 fake_router.py) on the control host: real processes, real HTTP on loopback."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 
 from pdlaunch.state import load_state
-from tests.launch.helpers import cli, wait_no_procs
-from tests.sshd import free_port
+from tests.support.deployments import cli
+from tests.support.processes import wait_no_procs
+from tests.support.sshd import free_port
 
 PAIRS = {
     "prefill-0 → decode-0",

@@ -1,8 +1,8 @@
 """The fault suite for `pdlaunch up/down/status/logs` (issue 11, "How it is proven").
 
 Black-box: pdlaunch runs as a real process (tests/launch/fault_helpers.py), against stand-in
-engines (tests/launch/fake_vllm.py) and, where a scenario needs a remote host, a real sshd
-(tests/sshd.py). Every scenario ends the same way: the exit code, a message that names the
+engines (tests/support/fake_vllm.py) and, where a scenario needs a remote host, a real sshd
+(tests/support/sshd.py). Every scenario ends the same way: the exit code, a message that names the
 cause (and, where something is left to act on, the next command), no traceback, no process
 under the work dir that neither the state file nor a pid file points to, and nothing left
 running after a final `pdlaunch down`.
@@ -44,8 +44,9 @@ from tests.launch.fault_helpers import (
     up_args,
     wait_for,
 )
-from tests.launch.helpers import SECRET_ENV, Deployment, procs_under, wait_no_procs
-from tests.sshd import WRAPPER, descendants, free_port
+from tests.support.deployments import SECRET_ENV, Deployment
+from tests.support.processes import procs_under, wait_no_procs
+from tests.support.sshd import WRAPPER, descendants, free_port
 
 HOST = r"127\.0\.0\.1"
 # Engines that take this long to listen keep `up` in its health wait for a signal to land.

@@ -2,7 +2,7 @@
 reconciliation with what already runs, status of an unreachable host, an upload that hangs,
 and the readiness loop under a fake clock.
 
-The hosts are :class:`tests.launch.fake_host.FakeHost` (no network, no shell); the plan comes
+The hosts are :class:`tests.support.fake_host.FakeHost` (no network, no shell); the plan comes
 from pdlaunch's own loader, rules and planner; health answers from the fake world.
 """
 
@@ -24,7 +24,7 @@ from pdlaunch.runtime.lifecycle import LaunchError, Reporter, UpOptions
 from pdlaunch.runtime.lifecycle.readiness import ABORTED, DEADLINE, EXITED, READY, wait_until
 from pdlaunch.runtime.ssh import SshRuntime
 from pdlaunch.state import STATE_FILE, deployment_dir, load_state, save_state
-from tests.launch.fake_host import FakeWorld
+from tests.support.fake_host import FakeWorld
 
 A, B = "10.0.0.1", "10.0.0.2"
 DEP = "fk"
@@ -220,7 +220,7 @@ def test_a_stop_failing_on_host_b_keeps_exactly_that_pid_recorded(world):
 
 def test_a_stop_that_timed_out_once_is_asked_again_and_rollback_completes(world):
     # CI: on a loaded 2-core host a stop command stalled past its timeout during rollback
-    # (tests/netns DP MoE case); the stop is idempotent, so launch asks again.
+    # (tests/system/netns DP MoE case); the stop is idempotent, so launch asks again.
     world.dies_at_start.add("router")
     world.hang(B, "stop", times=1)
     with pytest.raises(LaunchError) as info:

@@ -20,7 +20,8 @@ from pdlaunch.health import post_json
 from pdlaunch.load import load
 from pdlaunch.plan import build_plan
 from pdlaunch.state import DeploymentLock, load_state
-from tests.launch.helpers import SECRET_ENV, cli, procs_under, wait_no_procs
+from tests.support.deployments import SECRET_ENV, cli
+from tests.support.processes import procs_under, wait_no_procs
 
 
 def _status_json(target) -> dict:

@@ -52,7 +52,7 @@ def test_metric_sum_filters_by_name_and_labels():
 
 
 def test_probe_of_a_closed_port_is_not_ok():
-    from tests.sshd import free_port
+    from tests.support.sshd import free_port
 
     pr = health.probe(f"http://127.0.0.1:{free_port()}/health", timeout=1)
     assert not pr.ok and pr.status is None and pr.describe()

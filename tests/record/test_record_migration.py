@@ -13,7 +13,7 @@ from pdlaunch import record
 from pdlaunch.backends import slurm_record
 from pdlaunch.runtime.ssh.records import unrecorded_state
 from pdlaunch.state import save_state
-from tests.slurm.helpers import fake_spec, planned
+from tests.support.slurm_specs import fake_spec, planned
 
 PORTS = {"prefill": 18101, "decode": 18102, "side": 18103, "router": 18104, "metrics": 18105}
 

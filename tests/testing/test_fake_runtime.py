@@ -1,7 +1,7 @@
 """pdlaunch.testing.FakeRuntime under the real lifecycle: the scenarios of
-tests/runtime/test_lifecycle_scenarios.py (which runs them on SSH and Slurm through the CLI),
-with the same expectations where that suite asserts them (up, a second up that keeps what
-runs, status, logs, down twice; an engine that exits: rolled back, its log's last lines,
+tests/system/lifecycle/test_lifecycle_scenarios.py (which runs them on SSH and Slurm through the
+CLI), with the same expectations where that suite asserts them (up, a second up that keeps
+what runs, status, logs, down twice; an engine that exits: rolled back, its log's last lines,
 nothing left, no record; SIGINT during up; down and up after a kill -9 of `up`; status with a
 node that does not answer), plus the faults only a fake shows on demand.
 """

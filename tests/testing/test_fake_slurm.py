@@ -1,6 +1,6 @@
 """pdlaunch.testing.FakeSlurm through pdlaunch's own Slurm client (backends/slurm_client.py,
 runtime/slurm/jobs.py): what the client reads from it is what it reads from a real
-controller for the same jobs (tests/slurm/ checks the client against a real slurmctld)."""
+controller for the same jobs (tests/system/slurm/ checks the client against a real slurmctld)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,126 @@
+"""What the engine tests (tests/system/engines/test_cpu_pd.py,
+tests/system/netns/test_netns_pd.py, tests/system/slurm/test_slurm_cpu_pd.py) send to a vLLM
+deployment of the tiny model and read back: token-id prompts, greedy completion requests,
+vLLM's prompt-token counters, and the KV-lease hazard lines of prefill's log
+(docs/cpu-pd-recipe.md, gotcha 7)."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from pdlaunch.health import get_text, metric_sum, post_json
+
+SERVED = "tiny"
+MAX_TOKENS = 16
+REQUEST_TIMEOUT = 180.0  # a PD request can stall for tens of seconds on a loaded 2-core box
+METRICS_TIMEOUT = 30.0
+
+# vLLM's prompt tokens by where they came from: decode of a disaggregated request counts them
+# as external_kv_transfer, an engine that computed them as local_compute.
+BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+EXT = "external_kv_transfer"
+LOCAL = "local_compute"
+XFER_COUNT = "vllm:nixl_xfer_time_seconds_count"
+XFER_BYTES = "vllm:nixl_bytes_transferred_sum"
+
+BAD_KV_LINES = ("Potentially invalid KV blocks", "Releasing expired KV blocks")
+# Blocks that expire never read were recomputed by decode (vllm-router 0.1.17 sometimes
+# streams a request to decode without prefill's kv_transfer_params): harmless.
+_NEVER_READ = "retrieved by 0 remote worker(s)"
+
+
+def make_prompts(seed: int, lengths: Sequence[int]) -> list[list[int]]:
+    """One prompt of random token ids per length, the same for a seed on every run."""
+    rng = random.Random(seed)
+    # Ids 4.. avoid the tokenizer's special tokens (<unk> <s> </s> <pad>).
+    return [[rng.randrange(4, 2048) for _ in range(n)] for n in lengths]
+
+
+# The prompts of the loopback deployments (tests/system/engines/test_cpu_pd.py,
+# tests/system/slurm/test_slurm_cpu_pd.py): lengths on both sides of 32-token block boundaries.
+CPU_PD_PROMPT_LENS = (10, 31, 33, 64, 100, 129, 200, 250)
+CPU_PD_PROMPTS = make_prompts(20260, CPU_PD_PROMPT_LENS)
+
+
+def body(prompt: list[int], **extra: Any) -> dict[str, Any]:
+    """A greedy completion of exactly MAX_TOKENS tokens that returns their ids."""
+    return {
+        "model": SERVED,
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        **extra,
+    }
+
+
+def token_ids(status: int, resp: Any, where: str) -> list[int]:
+    assert status == 200 and isinstance(resp, dict), f"{where}: HTTP {status}: {str(resp)[:500]}"
+    ids = resp["choices"][0].get("token_ids")
+    assert isinstance(ids, list) and len(ids) == MAX_TOKENS, f"{where}: token_ids {ids!r}"
+    return ids
+
+
+def complete(base: str, prompt: list[int], where: str, **extra: Any) -> list[int]:
+    """POST ``body(prompt, **extra)`` to ``base``/v1/completions; the generated token ids."""
+    status, resp = post_json(
+        base + "/v1/completions", body(prompt, **extra), timeout=REQUEST_TIMEOUT
+    )
+    return token_ids(status, resp, where)
+
+
+def metrics(base: str) -> str:
+    return get_text(base + "/metrics", timeout=METRICS_TIMEOUT)
+
+
+def grew(before: str, after: str, name: str, **labels: str) -> float:
+    """How much counter ``name`` (summed over series matching ``labels``) grew."""
+    return metric_sum(after, name, **labels) - metric_sum(before, name, **labels)
+
+
+def settled_metrics(
+    decode: str, prefill: str, decode_before: str, tokens: int, wait: float = 15.0
+) -> tuple[str, str]:
+    """Decode's and prefill's /metrics once decode's external_kv_transfer count has grown by
+    ``tokens`` (vLLM may update its counters just after answering), or after ``wait`` s."""
+    deadline = time.monotonic() + wait
+    while True:
+        d1, p1 = metrics(decode), metrics(prefill)
+        if grew(decode_before, d1, BY_SOURCE, source=EXT) >= tokens or time.monotonic() > deadline:
+            return d1, p1
+        time.sleep(0.5)
+
+
+def pd_token_counts(d0: str, d1: str, p0: str, p1: str) -> dict[str, float]:
+    """Prompt tokens decode loaded by KV transfer or computed itself, and prefill computed,
+    between two scrapes of each."""
+    return {
+        "decode_external": grew(d0, d1, BY_SOURCE, source=EXT),
+        "decode_local": grew(d0, d1, BY_SOURCE, source=LOCAL),
+        "prefill_local": grew(p0, p1, BY_SOURCE, source=LOCAL),
+    }
+
+
+def kv_lease_problems(log_text: str) -> list[str]:
+    """Lines of a prefill log that say decode read KV blocks whose lease had expired."""
+    return [
+        line
+        for line in log_text.splitlines()
+        if _NEVER_READ not in line and any(bad in line for bad in BAD_KV_LINES)
+    ]
+
+
+def fail_on_kv_lease_problem(log_text: str) -> None:
+    problems = kv_lease_problems(log_text)
+    if problems:
+        pytest.fail(
+            "prefill logged a KV lease problem (decode read blocks after prefill's "
+            "lease on them expired: a stall in the router or a NIXL read outlasted "
+            f"kv_lease_duration; the output cannot be trusted): {problems[0].strip()}"
+        )
