@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from pdlaunch.state import load_state
+from pdlaunch.runtime.record_store import load_state
 from tests.launch.helpers import cli, wait_no_procs
 from tests.sshd import free_port
 

@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from pdlaunch.state import load_state
+from pdlaunch.runtime.record_store import load_state
 from tests.launch.helpers import SECRET_ENV, cli, procs_under, wait_no_procs
 from tests.sshd import free_port, keygen
 
