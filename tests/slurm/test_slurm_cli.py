@@ -97,7 +97,8 @@ def test_up_status_logs_down(slurm_cluster, fake_bins, tmp_path: Path) -> None:
         # Over SSH the same deployment would run a second copy beside the job: refused.
         r = pdl("up", path, "--skip-check")
         assert r.rc == 1 and f"Slurm job {job}" in r.stderr and "pdlaunch down" in r.stderr, r
-        assert not (Path(os.environ["PDLAUNCH_STATE_DIR"]) / "cli-fake" / "state.json").exists()
+        kept = Path(os.environ["PDLAUNCH_STATE_DIR"]) / "cli-fake" / "record.json"
+        assert json.loads(kept.read_text())["handle"]["job_id"] == job  # not overwritten
 
         # Another job for the same deployment (other sbatch options) is refused, the job
         # untouched; --replace would cancel it first.
@@ -224,7 +225,7 @@ def test_validate_and_up_refuse_a_host_outside_the_nodelist(
     r = pdl("up", path, "--backend", "slurm", "--nodelist", nodes[0], "--time", "5")
     assert r.rc == 1 and "slurm-nodelist" in r.stderr and "nothing was submitted" in r.stderr, r
     assert set(slurm_cluster.jobs()) == before
-    assert not (state_dir / "cli-rules" / "slurm.json").exists()
+    assert not (state_dir / "cli-rules" / "record.json").exists()
 
 
 # -- user mistakes: a message, an exit code, no traceback ---------------------------------------
@@ -272,7 +273,8 @@ def test_unknown_deployments(tmp_path: Path, state_dir: Path) -> None:
 
 
 def test_list_deployments_finds_slurm_records(state_dir: Path) -> None:
-    for name, record in (("a", "slurm.json"), ("b", "state.json"), ("c", "lock")):
+    records = (("a", "slurm.json"), ("b", "state.json"), ("c", "lock"), ("d", "record.json"))
+    for name, record in records:
         (state_dir / name).mkdir(parents=True)
         (state_dir / name / record).write_text("{}")
-    assert list_deployments() == ["a", "b"]
+    assert list_deployments() == ["a", "b", "d"]
