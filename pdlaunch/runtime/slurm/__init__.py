@@ -3,7 +3,8 @@
 in the deployment's record (:mod:`pdlaunch.runtime.record_store`); driven only through
 Slurm's own commands (:mod:`.jobs`).
 
-Stages: the first ``start`` submits the job and waits for the allocation (the nodes, so the
+Stages: the first ``start`` submits the job (or resumes the one a killed `up` left PENDING)
+and waits for the allocation (the nodes, so the
 URLs each process listens at, are known only then); the driver starts the router itself once
 the engines answer, so the router's ``start`` has nothing to do and the lifecycle just waits
 for its health, as over SSH. A process is alive while the job runs: Slurm ends the job when
@@ -75,6 +76,7 @@ class SlurmLaunch(Launch):
         self.rec: SlurmRecord | None = None
         self.urls: dict[str, str] = {}
         self.placed = False  # the job runs and its processes' nodes are known
+        self.resumed = False  # the job is one a killed `up` submitted, still waiting to run
         self.adopted = frozenset()
         self.handle: dict[str, object] = {"job_id": None}
         self.deadline = time.monotonic() + opts.timeout
@@ -103,6 +105,17 @@ class SlurmLaunch(Launch):
                 f"deployment's job ({why}). {by_hand(dep, path)}"
             )
         same = rec.scripts_hash == self.digest
+        if same and info.active and not info.running and not self.opts.replace:
+            # Submitted by an `up` that was killed while it waited for the allocation: this
+            # `up` takes the job over as its own submit (waits for the allocation in `start`,
+            # cancels it on failure), instead of refusing it or submitting a second one.
+            why = "; ".join(sorted({c.reason for c in info.components if c.reason}))
+            reporter.step(
+                f"resuming Slurm job {rec.job_id} ({info.state}{': ' + why if why else ''}), "
+                "submitted by an `up` that did not finish: waiting for its allocation"
+            )
+            self.rec, self.handle["job_id"], self.resumed = rec, rec.job_id, True
+            return None
         if same and info.running and not self.opts.replace:
             self.rec, self.handle["job_id"] = rec, rec.job_id
             self.urls, self.placed = jobs.endpoints(rec, info), True
@@ -132,8 +145,8 @@ class SlurmLaunch(Launch):
         return None
 
     def provision(self, reporter: Reporter) -> None:
-        if self.adopted:
-            return  # the adopted job runs its files already
+        if self.adopted or self.resumed:
+            return  # the job has its files already (and reads them once it runs)
         reporter.step("writing the job's files")
         self.driver = write_job(self.plan, self.sopts, self.opts.environ)
 
