@@ -41,14 +41,15 @@ def _pending(name: str) -> str | None:
     return rec.job_id if jobs.job_info(rec.job_id).state == "PENDING" else None
 
 
-def test_up_after_kill_9_resumes_a_still_pending_job(slurm_cluster, fake_bins, tmp_path):
+def _killed_while_pending(cluster, fake_bins, tmp_path: Path, name: str, begin: str):
+    """A topology and its job, left PENDING by an `up` killed -9 while it waited: (path,
+    work dir, flags, job id)."""
     ports = {k: free_port() for k in ("prefill", "decode", "side", "router", "metrics")}
     work = tmp_path / "work"
-    path = tmp_path / "sc-pending.yaml"
-    spec = fake_spec("sc-pending", work, slurm_cluster.nodes, fake_bins, ports)
+    path = tmp_path / f"{name}.yaml"
+    spec = fake_spec(name, work, cluster.nodes, fake_bins, ports)
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    flags = ["--backend", "slurm", "--time", "10", "--start-timeout", "120", "--sbatch-opt", BEGIN]
-
+    flags = ["--backend", "slurm", "--time", "10", "--start-timeout", "120", "--sbatch-opt", begin]
     proc = subprocess.Popen(
         [sys.executable, "-m", "pdlaunch", "up", str(path), *flags, "--timeout", "300"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -56,7 +57,7 @@ def test_up_after_kill_9_resumes_a_still_pending_job(slurm_cluster, fake_bins, t
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
-        while (job := _pending("sc-pending")) is None:
+        while (job := _pending(name)) is None:
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the job was never recorded PENDING"
             time.sleep(0.2)
@@ -67,7 +68,12 @@ def test_up_after_kill_9_resumes_a_still_pending_job(slurm_cluster, fake_bins, t
             proc.kill()
             proc.communicate()
     assert jobs.job_info(job).state == "PENDING"  # still waiting for its begin time
+    return path, work, flags, job
 
+
+def test_up_after_kill_9_resumes_a_still_pending_job(slurm_cluster, fake_bins, tmp_path):
+    path, work, flags, job = _killed_while_pending(slurm_cluster, fake_bins, tmp_path,
+                                                   "sc-pending", BEGIN)  # fmt: skip
     try:
         r = pdl_cli.pdl("up", path, *flags, "--timeout", "150", "--json", limit=240)
         assert r.rc == 0, r
@@ -85,3 +91,22 @@ def test_up_after_kill_9_resumes_a_still_pending_job(slurm_cluster, fake_bins, t
     assert TRACEBACK not in r.stdout + r.stderr
     assert wait_no_procs(work, timeout=20) == []
     assert not record_path("sc-pending").exists()
+
+
+def test_a_resumed_job_that_does_not_start_in_time_is_cancelled_like_a_fresh_submit(
+    slurm_cluster, fake_bins, tmp_path
+):
+    late = "--begin=now+600"
+    path, _, flags, job = _killed_while_pending(slurm_cluster, fake_bins, tmp_path,
+                                                "sc-pending-late", late)  # fmt: skip
+    try:
+        r = pdl_cli.pdl("up", path, *flags, "--timeout", "5", "--json")
+        assert r.rc == 1, r
+        data = r.json()
+        assert data["rolled_back"] is True and data["job_id"] == job, data
+        assert f"job {job} still not running" in data["error"], data
+        assert not jobs.job_info(job).active  # cancelled: nothing waits to start unobserved
+        assert not record_path("sc-pending-late").exists()
+    finally:
+        if record_path("sc-pending-late").exists():
+            pdl_cli.pdl("down", "sc-pending-late")
