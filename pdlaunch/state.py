@@ -1,9 +1,11 @@
-"""What `up` started, recorded on the control host, so `status`, `logs` and `down` work from
-another shell later; and the per-deployment lock that keeps two `up` runs apart.
+"""The control host's per-deployment directory, the lock that keeps two `up`/`down` runs of
+one deployment apart, and the SSH runtime's working view of what it started
+(:class:`DeploymentState`).
 
 Layout: ``$PDLAUNCH_STATE_DIR/<deployment>/`` (default ``~/.local/state/pdlaunch/<deployment>/``)
-holds ``state.json`` (written atomically after every change) and ``lock`` (``flock``-ed for the
-whole of an `up` or `down`). The state never holds a secret value: only names.
+holds the record (``record.json``, read and written only by :mod:`pdlaunch.runtime.record_store`)
+and ``lock`` (``flock``-ed for the whole of an `up` or `down`). The state never holds a secret
+value: only names.
 """
 
 from __future__ import annotations
@@ -22,13 +24,10 @@ from typing import Any, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
-from pdlaunch.fsutil import atomic_write
 from pdlaunch.render import RenderedFile
 
 STATE_DIR_ENV = "PDLAUNCH_STATE_DIR"
-STATE_FILE = "state.json"
 LOCK_FILE = "lock"
-FORMAT = 1
 _T = TypeVar("_T")
 
 
@@ -96,7 +95,6 @@ class DeploymentState:
     # The rendered scripts as uploaded (they never hold a secret value), for "what changed".
     scripts: dict[str, str] = field(default_factory=dict)
     processes: list[ProcessState] = field(default_factory=list)
-    format: int = FORMAT
     # The control host's variables whose values are secrets (names only, never a value): the
     # debug bundle redacts their values even when the topology file has moved.
     secret_names: list[str] = field(default_factory=list)
@@ -151,14 +149,23 @@ def parse_json_as(kind: type[_T], text: str) -> _T:
     try:
         return TypeAdapter(kind).validate_json(text, strict=True)
     except ValidationError as exc:
-        e = exc.errors(include_url=False)[0]
-        where = _where(e["loc"])
-        found = repr(e.get("input"))
-        found = found if len(found) <= 60 else found[:57] + "..."
-        msg = e["msg"][:1].lower() + e["msg"][1:]
-        if e["type"] == "missing":
-            raise ValueError(f"{where}: missing") from None
-        raise ValueError(f"{where + ': ' if where else ''}{msg}, found {found}") from None
+        raise ValueError(validation_message(exc)) from None
+
+
+def validation_message(
+    exc: ValidationError, tags: Callable[[Sequence[int | str]], Sequence[int | str]] = tuple
+) -> str:
+    """The first error pydantic found, for users: the field (``processes[0].pid``), what is
+    wrong and the value found there. ``tags``: the location without the names pydantic adds
+    to it (a tagged union's tag)."""
+    e = exc.errors(include_url=False)[0]
+    where = _where(tags(e["loc"]))
+    found = repr(e.get("input"))
+    found = found if len(found) <= 60 else found[:57] + "..."
+    msg = e["msg"][:1].lower() + e["msg"][1:]
+    if e["type"] == "missing":
+        return f"{where}: missing"
+    return f"{where + ': ' if where else ''}{msg}, found {found}"
 
 
 def check_own_path(
@@ -182,69 +189,6 @@ def check_own_path(
 
 class StateError(Exception):
     """State on the control host cannot be read, written or locked; message is user-facing."""
-
-
-def read_record(
-    path: Path,
-    parse: Callable[[str, str], _T],
-    deployment: str,
-    what: str = "the record",
-    hint: Callable[[], str] = lambda: "",
-) -> _T | None:
-    """The record of ``deployment`` in ``path`` through ``parse`` (text, deployment), None
-    when there is no such file; StateError naming ``what``, the file and why it cannot be
-    read or trusted, then ``hint()`` (what to do by hand), otherwise. Every backend's record
-    is read here (pdlaunch.record finds them)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-        json.loads(text)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        why = f"cannot read {what} {path}: {exc}"
-    else:
-        try:
-            return parse(text, deployment)
-        except ValueError as exc:
-            why = f"{what} {path} is damaged: {exc}"
-    more = hint()
-    raise StateError(f"{why}. {more}" if more else why)
-
-
-def load_state(deployment: str) -> DeploymentState | None:
-    return read_record(deployment_dir(deployment) / STATE_FILE, DeploymentState.parse, deployment)
-
-
-def save_state(state: DeploymentState) -> Path:
-    d = deployment_dir(state.deployment)
-    state.updated_at = time.time()
-    try:
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        text = json.dumps(state.to_json(), indent=2, sort_keys=True) + "\n"
-        atomic_write(d / STATE_FILE, text, mode=0o600)
-    except OSError as exc:
-        raise StateError(f"cannot write state in {d}: {exc}") from None
-    return d / STATE_FILE
-
-
-def remove_state(deployment: str) -> None:
-    """Forget a deployment (the lock file stays: removing a lock others may hold races)."""
-    with contextlib.suppress(FileNotFoundError):
-        (deployment_dir(deployment) / STATE_FILE).unlink()
-
-
-# The Slurm backend's record (pdlaunch.runtime.slurm takes the name from here, so this
-# module, below every backend, imports none of them).
-SLURM_RECORD_FILE = "slurm.json"
-
-
-def list_deployments() -> list[str]:
-    """Every deployment with a record here, whichever backend started it."""
-    root = state_root()
-    if not root.is_dir():
-        return []
-    records = (STATE_FILE, SLURM_RECORD_FILE)
-    return sorted(p.name for p in root.iterdir() if any((p / name).is_file() for name in records))
 
 
 class DeploymentLock:

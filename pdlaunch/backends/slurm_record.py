@@ -1,5 +1,6 @@
-"""The control host's record of a Slurm job (``<state dir>/<deployment>/slurm.json``), read
-through a schema: every field of its declared type (pydantic, no coercion), the job id a Slurm
+"""The Slurm runtime's working view of its job (:class:`SlurmRecord`; stored in the
+deployment's one record by :mod:`pdlaunch.runtime.record_store`, format 1 was ``slurm.json``),
+checked by a schema: every field of its declared type (pydantic, no coercion), the job id a Slurm
 job id, every path the one the plan gives it in the deployment's own work dirs. A record that
 is not so is refused with the file, the field and what to do by hand, never a traceback: a
 record that names the wrong job or file is worse than none (`down` cancels and deletes).
@@ -12,24 +13,14 @@ import os
 import posixpath
 import pwd
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from pdlaunch.backends import slurm
-from pdlaunch.fsutil import atomic_write
 from pdlaunch.plan import Plan, Process
-from pdlaunch.state import (
-    SLURM_RECORD_FILE,
-    StateError,
-    check_own_path,
-    deployment_dir,
-    parse_json_as,
-    read_record,
-)
-
-FORMAT = 1
+from pdlaunch.state import check_own_path, parse_json_as
 
 
 class SlurmRunError(Exception):
@@ -68,8 +59,7 @@ class SlurmRecord:
     scripts_hash: str = ""
     submitted_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
-    backend: str = "slurm"
-    format: int = FORMAT
+    backend: str = "slurm"  # how a format-1 slurm.json said which backend it was
 
     def process(self, name: str) -> ProcessRecord | None:
         return next((p for p in self.processes if p.name == name), None)
@@ -143,16 +133,6 @@ def current_user() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
 
 
-def record_path(deployment: str) -> Path:
-    return deployment_dir(deployment) / SLURM_RECORD_FILE
-
-
-def load_record(deployment: str) -> SlurmRecord | None:
-    path = record_path(deployment)
-    return read_record(path, SlurmRecord.parse, deployment, "the Slurm record",
-                       lambda: by_hand(deployment, path))  # fmt: skip
-
-
 def by_hand(deployment: str, path: Path) -> str:
     """What to do when the record cannot be trusted: nothing was cancelled or deleted."""
     name, user = slurm.job_name(deployment), current_user()
@@ -160,19 +140,6 @@ def by_hand(deployment: str, path: Path) -> str:
         f"Nothing was cancelled or deleted. `squeue -u {user} --name {name}` shows the "
         f"deployment's job; `scancel -u {user} --name {name}` cancels it; then remove {path}"
     )
-
-
-def save_record(rec: SlurmRecord) -> Path:
-    rec.updated_at = time.time()
-    d = deployment_dir(rec.deployment)
-    try:
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        atomic_write(
-            d / SLURM_RECORD_FILE, json.dumps(asdict(rec), indent=2, sort_keys=True) + "\n"
-        )
-    except OSError as exc:
-        raise StateError(f"cannot write the Slurm record in {d}: {exc}") from None
-    return d / SLURM_RECORD_FILE
 
 
 def record_of(plan: Plan, job_id: str) -> SlurmRecord:

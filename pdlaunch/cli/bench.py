@@ -15,7 +15,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from pdlaunch import bench, benchdisagg, benchhops, hopsplot, kvlease, record
+from pdlaunch import bench, benchdisagg, benchhops, hopsplot, kvlease
 from pdlaunch.cli.app import (
     EXIT_FAILED,
     app,
@@ -32,6 +32,7 @@ from pdlaunch.health import base_url, get_text, probe
 from pdlaunch.hosts import HostError, LocalHost
 from pdlaunch.plan import Plan
 from pdlaunch.rules import SLURM_SKIP
+from pdlaunch.runtime import record, record_store
 from pdlaunch.state import StateError
 
 # The run completed but was not (entirely) disaggregated: its numbers are not a PD result.
@@ -318,7 +319,7 @@ class Target:
 
 def _record(deployment: str, as_json: bool) -> record.Record | None:
     try:
-        return record.find(deployment)
+        return record_store.find(deployment)
     except StateError as exc:
         _fail(str(exc), as_json)
 

@@ -24,7 +24,8 @@ from pdlaunch.cli.options import (
 )
 from pdlaunch.cli.targets import resolve_deployment
 from pdlaunch.hosts import ConnectOptions, HostPool
-from pdlaunch.state import DeploymentState, StateError, load_state
+from pdlaunch.runtime.record_store import load_state
+from pdlaunch.state import DeploymentState, StateError
 
 
 @app.command("canary")

@@ -23,7 +23,7 @@ from pdlaunch.cli.options import (
 from pdlaunch.cli.slurm import RecordedBackendOpt, recorded_backend
 from pdlaunch.cli.targets import resolve_deployment
 from pdlaunch.hosts import HostPool
-from pdlaunch.record import SshHandle
+from pdlaunch.runtime.record import SshHandle
 
 
 @app.command("doctor")

@@ -66,9 +66,10 @@ from pdlaunch.hosts.options import ConnectOptions
 from pdlaunch.plan import Plan
 from pdlaunch.runtime import lifecycle as launch
 from pdlaunch.runtime.base import Runtime
+from pdlaunch.runtime.record_store import RecordFormatError, load_state
 from pdlaunch.runtime.slurm import SlurmRuntime
 from pdlaunch.runtime.ssh import SshRuntime
-from pdlaunch.state import StateError, load_state
+from pdlaunch.state import StateError
 
 ERRORS = (launch.LaunchError, StateError, HostError)
 
@@ -286,6 +287,8 @@ def down_cmd(
     if which is slurm_cli.Backend.ssh:
         try:
             readable = load_state(deployment) is not None
+        except RecordFormatError as exc:
+            bad_input(str(exc))  # not damaged: never taken for lost (recorded_backend says so)
         except StateError:
             # A damaged record: with the topology file, the SSH runtime finds the processes
             # by their pid files instead; without it, it says so.

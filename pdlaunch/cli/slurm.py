@@ -20,12 +20,11 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from pdlaunch import record
 from pdlaunch.backend_settings import SlurmSettings, merged
 from pdlaunch.backends import slurm, slurm_rules
 from pdlaunch.backends.slurm import SlurmError, SlurmOptions
 from pdlaunch.backends.slurm_client import expand_hostlist, partition_limits
-from pdlaunch.backends.slurm_record import SlurmRunError, load_record, record_path
+from pdlaunch.backends.slurm_record import SlurmRunError
 from pdlaunch.cli.app import (
     EXIT_FINDINGS,
     bad_input,
@@ -44,6 +43,7 @@ from pdlaunch.load import LoadError, load_backend_config
 from pdlaunch.plan import Plan, build_plan
 from pdlaunch.render import RenderedFile, plan_json, write_files
 from pdlaunch.rules import SLURM_SKIP, Finding, has_errors, validate
+from pdlaunch.runtime import record_store
 from pdlaunch.state import StateError
 
 
@@ -197,28 +197,34 @@ class SlurmFlags:
 
 def recorded_backend(deployment: str, backend: Backend | None) -> Backend:
     """The backend `--backend` names, else the one whose record the deployment has (SSH when
-    it has none: its commands say "nothing recorded" themselves)."""
-    if backend is not None:
-        return backend
+    it has none: its commands say "nothing recorded" themselves). A record this pdlaunch
+    cannot read (a newer format), or two format-1 records and no `--backend`: exit 2."""
     try:
-        which = record.backend_of(deployment)
-    except record.RecordError as exc:
+        which = record_store.backend_of(deployment, backend.value if backend else None)
+    except record_store.RecordError as exc:
         bad_input(str(exc))
     return Backend.slurm if which == "slurm" else Backend.ssh
 
 
 def refuse_ssh_up(deployment: str) -> None:
     """`up` over SSH of a deployment that has a Slurm record would run a second copy beside
-    the job (or hide its record): its record must go first (`down` cancels and forgets)."""
-    path = record_path(deployment)
-    if not path.is_file():
-        return
+    the job (or hide its record): its record must go first (`down` cancels and forgets). A
+    record too new to read: exit 2, nothing is done."""
     try:
-        rec = load_record(deployment)
-        what = f"Slurm job {rec.job_id}" if rec else "a Slurm record"
+        rec = record_store.read(deployment, "slurm")
+    except record_store.OtherBackendError:
+        return  # an SSH record: `up` adopts, replaces or refuses it itself
+    except record_store.RecordFormatError as exc:
+        bad_input(str(exc))
     except StateError:
-        what = f"a damaged Slurm record ({path})"
-    failed(f"deployment {deployment!r} has {what}: `pdlaunch down {deployment}` first")
+        path = record_store.locate(deployment, "slurm")
+        if path is not None and record_store.backend_named(path) == "slurm":
+            failed(f"deployment {deployment!r} has a damaged Slurm record ({path}): "
+                   f"`pdlaunch down {deployment}` first")  # fmt: skip
+        return  # a damaged SSH record: `up` says so itself
+    if rec is not None:
+        job = rec.native.job_id
+        failed(f"deployment {deployment!r} has Slurm job {job}: `pdlaunch down {deployment}` first")
 
 
 # -- options --------------------------------------------------------------------------------------

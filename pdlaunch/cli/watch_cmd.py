@@ -10,9 +10,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from pdlaunch import doctor, health, kvlease, record
+from pdlaunch import doctor, health, kvlease
 from pdlaunch import watch as watch_mod
 from pdlaunch.cli.app import EXIT_FAILED, failed, out, print_json
+from pdlaunch.runtime import record, record_store
 from pdlaunch.state import StateError
 
 
@@ -20,7 +21,7 @@ def watch(deployment: str, backend: str, interval: float, count: int | None, as_
     """Read every engine's /metrics each ``interval`` and print what changed (pdlaunch.watch),
     where the deployment's record says each engine listens (a Slurm job: on its node)."""
     try:
-        rec = record.find(deployment, backend)
+        rec = record_store.find(deployment, backend)
     except StateError as exc:
         failed(str(exc))
     if rec is None:

@@ -37,7 +37,8 @@ from pdlaunch.doctor.evidence import Evidence, HostVersions, ProcessEvidence
 from pdlaunch.doctor.signatures import Signature, SignatureError, signatures
 from pdlaunch.doctor.slurm import slurm_running, slurm_state
 from pdlaunch.hosts import HostPool
-from pdlaunch.record import Record, find
+from pdlaunch.runtime.record import Record
+from pdlaunch.runtime.record_store import find
 from pdlaunch.state import DeploymentState, StateError
 
 __all__ = [

@@ -24,8 +24,8 @@ from pdlaunch.health import HttpError, get_text
 from pdlaunch.hosts import HostError, HostPool, parallel, sh_quote_path
 from pdlaunch.load import LoadError, load_text, read_text
 from pdlaunch.plan import Plan, Process, build_plan
-from pdlaunch.record import metrics_url_of
 from pdlaunch.rules import has_errors, validate
+from pdlaunch.runtime.record import metrics_url_of
 from pdlaunch.state import DeploymentState, ProcessState
 
 PYTHON_ENV = "PDLAUNCH_PYTHON"  # the same override `pdlaunch check` honours

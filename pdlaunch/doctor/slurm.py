@@ -3,7 +3,7 @@ the job's work dirs (shared with the control host, as the job's files are), and 
 each runs by the job's state and the process's health.
 
 The doctor's gathering reads a process's log through the hosts layer and its metrics over
-HTTP: a Slurm record (:class:`pdlaunch.record.Record`) becomes the same per-process view,
+HTTP: a Slurm record (:class:`pdlaunch.runtime.record.Record`) becomes the same per-process view,
 with every log read on the control host (``local``) and every URL the one the job's node
 answers at, not the plan's.
 """
@@ -14,7 +14,7 @@ import contextlib
 from pathlib import Path
 
 from pdlaunch import health
-from pdlaunch.record import UNKNOWN, Record, SlurmHandle
+from pdlaunch.runtime.record import UNKNOWN, Record, SlurmHandle
 from pdlaunch.state import DeploymentState, ProcessState
 
 NOT_PLACED = "(not placed)"

@@ -173,7 +173,7 @@ class FakeProcess:
 
 @dataclass
 class FakeRecord:
-    """What the runtime remembers of a deployment (its `state.json`)."""
+    """What the runtime remembers of a deployment (a real runtime keeps it in `record.json`)."""
 
     deployment: str
     digest: str

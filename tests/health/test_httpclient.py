@@ -232,7 +232,8 @@ def test_bad_urls_are_errors_naming_them():
 # -- the commands that read endpoints ---------------------------------------------------------
 def _record(state_dir: Path, base: str) -> None:
     """A recorded deployment whose decode (its pid gone) answers at ``base``."""
-    from pdlaunch.state import DeploymentState, ProcessState, save_state
+    from pdlaunch.runtime.record_store import save_state
+    from pdlaunch.state import DeploymentState, ProcessState
 
     work = state_dir.parent / "work" / "hostile"  # a deployment's own work dir
     ps = ProcessState(

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pdlaunch.state import STATE_FILE, deployment_dir
+from pdlaunch.runtime.record import RECORD_FILE
+from pdlaunch.state import deployment_dir
 from tests.support.deployments import Deployment
 from tests.support.processes import procs_under
 
@@ -125,7 +126,7 @@ def settle(root: Path, quiet: float = 1.0, timeout: float = 20.0) -> list[int]:
 
 # -- records --------------------------------------------------------------------------------------
 def state_path(name: str) -> Path:
-    return deployment_dir(name) / STATE_FILE
+    return deployment_dir(name) / RECORD_FILE
 
 
 def read_state(name: str) -> Any:

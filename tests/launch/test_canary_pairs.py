@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from pdlaunch.state import load_state
+from pdlaunch.runtime.record_store import load_state
 from tests.support.deployments import cli
 from tests.support.processes import wait_no_procs
 from tests.support.sshd import free_port

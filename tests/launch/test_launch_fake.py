@@ -22,8 +22,10 @@ from pdlaunch.plan import Plan, build_plan
 from pdlaunch.runtime import lifecycle
 from pdlaunch.runtime.lifecycle import LaunchError, Reporter, UpOptions
 from pdlaunch.runtime.lifecycle.readiness import ABORTED, DEADLINE, EXITED, READY, wait_until
+from pdlaunch.runtime.record import RECORD_FILE
+from pdlaunch.runtime.record_store import load_state, save_state
 from pdlaunch.runtime.ssh import SshRuntime
-from pdlaunch.state import STATE_FILE, deployment_dir, load_state, save_state
+from pdlaunch.state import deployment_dir
 from tests.support.fake_host import FakeWorld
 
 A, B = "10.0.0.1", "10.0.0.2"
@@ -81,7 +83,7 @@ def stop_roles(world: FakeWorld) -> list[str]:
 
 
 def state_bytes() -> bytes:
-    return (deployment_dir(DEP) / STATE_FILE).read_bytes()
+    return (deployment_dir(DEP) / RECORD_FILE).read_bytes()
 
 
 @pytest.fixture
@@ -179,7 +181,7 @@ def test_rollback_when_decode_0_cannot_start_stops_what_started_decode_then_pref
     assert world.alive() == []
     assert world.paths(".secrets.env") == []
     assert world.calls_to("put_files"), "secrets were uploaded before the failure"
-    assert not (deployment_dir(DEP) / STATE_FILE).exists()
+    assert not (deployment_dir(DEP) / RECORD_FILE).exists()
 
 
 def test_rollback_after_the_router_exits_stops_router_then_decode_then_prefill(world):
@@ -200,7 +202,7 @@ def test_rollback_after_the_router_exits_stops_router_then_decode_then_prefill(w
     assert rm_roles[:1] == ["router"] and rm_roles[-1] == "prefill"
     assert rm_roles.index("prefill") > max(i for i, r in enumerate(rm_roles) if r == "decode")
     assert world.alive() == [] and world.paths(".secrets.env") == []
-    assert not (deployment_dir(DEP) / STATE_FILE).exists()
+    assert not (deployment_dir(DEP) / RECORD_FILE).exists()
 
 
 def test_a_stop_failing_on_host_b_keeps_exactly_that_pid_recorded(world):

@@ -19,7 +19,8 @@ import pytest
 from pdlaunch.health import post_json
 from pdlaunch.load import load
 from pdlaunch.plan import build_plan
-from pdlaunch.state import DeploymentLock, load_state
+from pdlaunch.runtime.record_store import load_state
+from pdlaunch.state import DeploymentLock
 from tests.support.deployments import SECRET_ENV, cli
 from tests.support.processes import procs_under, wait_no_procs
 

@@ -13,6 +13,7 @@ from pdlaunch import health
 from pdlaunch.load import load
 from pdlaunch.plan import build_plan
 from pdlaunch.render import RenderedFile, render_plan
+from pdlaunch.runtime.record_store import load_state, remove, save_state
 from pdlaunch.runtime.ssh import records as launch
 from pdlaunch.state import (
     DeploymentLock,
@@ -21,9 +22,6 @@ from pdlaunch.state import (
     StateError,
     deployment_dir,
     file_hashes,
-    load_state,
-    remove_state,
-    save_state,
     scripts_hash,
     state_root,
 )
@@ -66,7 +64,8 @@ def test_state_dir_override_and_round_trip(state_dir):
         role="prefill",
         host="h",
         local=False,
-        ssh={"port": 22},
+        # as `up` records it: the topology's Ssh settings, every field
+        ssh={"user": None, "port": 22, "key": None, "jump": None, "connect_timeout": 10.0},
         work_dir="/w/d",
         script_path="/w/d/p.sh",
         log_path="/w/d/logs/p.log",
@@ -89,9 +88,9 @@ def test_state_dir_override_and_round_trip(state_dir):
     save_state(st)
     back = load_state("d")
     assert back == st and back.process("p").pid == 42 and back.started() == [ps]
-    remove_state("d")
+    remove("d", "ssh")
     assert load_state("d") is None
-    remove_state("d")  # idempotent
+    remove("d", "ssh")  # idempotent
     (state_dir / "d" / "state.json").write_text("{not json")
     with pytest.raises(StateError, match="cannot read"):
         load_state("d")

@@ -78,7 +78,7 @@ def test_an_unsafe_work_dir_is_refused_before_anything_is_written(
     if kind == "symlink":
         written += [p for p in (tmp_path / "elsewhere").rglob("*") if p.is_file()]
     assert written == [], written
-    assert jobs.load_record("hard") is None
+    assert jobs.load_slurm("hard") is None
 
 
 def test_links_at_log_paths_are_removed_not_followed(
@@ -117,7 +117,7 @@ def test_sbatch_refusing_the_job_leaves_no_secrets_and_no_record(
         jobs.submit(plan, _opts(), _environ())
     assert len(fake_slurm.calls("sbatch")) == 1
     assert _secrets(plan) and not any(p.exists() for p in _secrets(plan))
-    assert jobs.load_record("hard") is None
+    assert jobs.load_slurm("hard") is None
 
 
 def test_an_unparsable_sbatch_answer_leaves_no_secrets(
@@ -138,7 +138,7 @@ def test_a_job_that_cannot_be_recorded_is_cancelled(
     def no_disk(rec):
         raise StateError("cannot write the Slurm record: No space left on device")
 
-    monkeypatch.setattr(jobs, "save_record", no_disk)
+    monkeypatch.setattr(jobs, "save_slurm", no_disk)
     with pytest.raises(StateError):
         jobs.submit(plan, _opts(), _environ())
     assert fake_slurm.jobs == {}
@@ -245,7 +245,7 @@ def test_an_engine_port_answering_garbage_fails_up_and_cancels_the_job(
     [call] = fake_slurm.calls("scancel")
     assert call[1:] == ["--name=pdlaunch-hard", f"--user={fake_slurm.user}", res.job_id]
     assert not any(p.exists() for p in _secrets(plan))
-    assert jobs.load_record("hard") is None  # proven gone: nothing left to record
+    assert jobs.load_slurm("hard") is None  # proven gone: nothing left to record
 
 
 @pytest.mark.parametrize("exc", [RuntimeError("a bug"), KeyboardInterrupt()])
@@ -267,12 +267,12 @@ def test_any_exception_in_up_cancels_the_job(
     assert fake_slurm.jobs == {}
     assert len(fake_slurm.calls("scancel")) == 1
     assert not any(p.exists() for p in _secrets(plan))
-    assert jobs.load_record("hard") is None
+    assert jobs.load_slurm("hard") is None
     assert slurm_rt.down("hard").ok
 
 
 def _record(plan: Plan, job_id: str = "4242") -> Path:
-    jobs.save_record(jobs.record_of(plan, job_id))
+    jobs.save_slurm(jobs.record_of(plan, job_id))
     return jobs.record_path(plan.deployment)
 
 
@@ -304,7 +304,7 @@ def test_down_deletes_no_file_outside_the_deployment(
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me\n")
     data = json.loads(path.read_text())
-    data["processes"][0]["secrets_path"] = str(victim)
+    data["processes"][0]["handle"]["secrets_path"] = str(victim)
     path.write_text(json.dumps(data))
     res = slurm_rt.down("hard")
     msg = res.message
@@ -314,17 +314,19 @@ def test_down_deletes_no_file_outside_the_deployment(
     assert victim.read_text() == "keep me\n"
 
 
-# A record of the wrong shape: (where, value) written into slurm.json, and the field the
-# message must name.
+# A record of the wrong shape: (where, value) written into the record (format 2), and the
+# field the message must name.
 DAMAGE = {
-    "port-string": (("processes", 0, "port"), "8000", "processes[0].port"),
-    "component-bool": (("processes", 1, "component"), True, "processes[1].component"),
+    "port-string": (("processes", 0, "handle", "port"), "8000", "processes[0].handle.port"),
+    "component-bool": (
+        ("processes", 1, "handle", "component"), True, "processes[1].handle.component"
+    ),
     "processes-dict": (("processes",), {"a": 1}, "processes"),
-    "job-id-int": (("job_id",), 4242, "job_id"),
-    "job-id-words": (("job_id",), "4242 4243", "job_id"),
-    "components-str": (("components",), "n1", "components"),
+    "job-id-int": (("handle", "job_id"), 4242, "handle.job_id"),
+    "job-id-words": (("handle", "job_id"), "4242 4243", "job_id '4242 4243'"),
+    "components-str": (("handle", "components"), "n1", "handle.components"),
     "missing-log": (("processes", 0, "log_path"), None, "processes[0].log_path"),
-    "job-id-arabic-digits": (("job_id",), "\u0664\u0662", "job_id"),
+    "job-id-arabic-digits": (("handle", "job_id"), "\u0664\u0662", "job_id"),
     "another-deployment": (("deployment",), "other", "deployment is 'other'"),
 }
 
@@ -349,8 +351,9 @@ def test_a_damaged_record_is_named_never_a_traceback(
     _set(data, where, value)
     path.write_text(json.dumps(data))
     with pytest.raises(StateError) as err:
-        jobs.load_record("hard")
+        jobs.load_slurm("hard")
     assert str(path) in str(err.value) and field in str(err.value), err.value
+    assert "extra inputs" not in str(err.value)  # the damage hit a field the record has
     for args in (["status", "hard"], ["logs", "hard", "router"], ["down", "hard"]):
         res = subprocess.run(
             [sys.executable, "-m", "pdlaunch", *args],

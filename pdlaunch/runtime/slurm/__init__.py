@@ -1,8 +1,10 @@
 """The Slurm runtime: the deployment as one heterogeneous batch job (its driver script,
 :mod:`pdlaunch.backends.slurm`, starts every process on the nodes Slurm gives it), recorded
-in ``slurm.json``; driven only through Slurm's own commands (:mod:`.jobs`).
+in the deployment's record (:mod:`pdlaunch.runtime.record_store`); driven only through
+Slurm's own commands (:mod:`.jobs`).
 
-Stages: the first ``start`` submits the job and waits for the allocation (the nodes, so the
+Stages: the first ``start`` submits the job (or resumes the one a killed `up` left PENDING)
+and waits for the allocation (the nodes, so the
 URLs each process listens at, are known only then); the driver starts the router itself once
 the engines answer, so the router's ``start`` has nothing to do and the lifecycle just waits
 for its health, as over SSH. A process is alive while the job runs: Slurm ends the job when
@@ -22,16 +24,9 @@ from pathlib import Path
 from pdlaunch.backends import slurm
 from pdlaunch.backends.slurm_client import JobInfo, job_info
 from pdlaunch.backends.slurm_files import remove_secrets, write_job
-from pdlaunch.backends.slurm_record import (
-    SlurmRecord,
-    SlurmRunError,
-    by_hand,
-    load_record,
-    record_path,
-    save_record,
-)
+from pdlaunch.backends.slurm_record import SlurmRecord, SlurmRunError, by_hand
 from pdlaunch.plan import Plan, Process
-from pdlaunch.record import follow_local_log
+from pdlaunch.runtime import record_store
 from pdlaunch.runtime.base import Held, Launch, Observation, Observed, Runtime
 from pdlaunch.runtime.lifecycle.model import (
     Failure,
@@ -41,7 +36,8 @@ from pdlaunch.runtime.lifecycle.model import (
     UpResult,
     View,
 )
-from pdlaunch.state import STATE_FILE, StateError, deployment_dir, scripts_hash
+from pdlaunch.runtime.record_store import follow_local_log, load_slurm, save_slurm
+from pdlaunch.state import StateError, scripts_hash
 
 from . import jobs
 
@@ -50,7 +46,7 @@ SETTLE_S = 15.0  # how long the steps' processes may take to go once Slurm says 
 
 def _load(deployment: str) -> SlurmRecord | None:
     try:
-        return load_record(deployment)
+        return load_slurm(deployment)
     except StateError as exc:
         raise LaunchError(str(exc)) from None
 
@@ -79,6 +75,8 @@ class SlurmLaunch(Launch):
         self.driver: Path | None = None
         self.rec: SlurmRecord | None = None
         self.urls: dict[str, str] = {}
+        self.placed = False  # the job runs and its processes' nodes are known
+        self.resumed = False  # the job is one a killed `up` submitted, still waiting to run
         self.adopted = frozenset()
         self.handle: dict[str, object] = {"job_id": None}
         self.deadline = time.monotonic() + opts.timeout
@@ -88,27 +86,39 @@ class SlurmLaunch(Launch):
 
     def survey(self, reporter: Reporter) -> UpResult | None:
         dep = self.plan.deployment
-        if (deployment_dir(dep) / STATE_FILE).is_file():
-            raise LaunchError(
-                f"deployment {dep!r} has a record of processes started over SSH: "
-                f"`pdlaunch down {dep}` first"
-            )
         reporter.step("checking what already runs")
-        rec = _load(dep)
+        try:
+            rec = load_slurm(dep)
+        except record_store.OtherBackendError as exc:
+            raise LaunchError(exc.refusal()) from None
+        except StateError as exc:
+            raise LaunchError(str(exc)) from None
         if rec is None:
             return None
         info = job_info(rec.job_id)
         if not info.active:
             return None  # a job that ended: its record is replaced by the new job's
         if (why := jobs.not_ours(rec)) is not None:
+            path = record_store.record_path(dep)
             raise LaunchError(
-                f"the record {record_path(dep)} names job {rec.job_id}, which is not this "
-                f"deployment's job ({why}). {by_hand(dep, record_path(dep))}"
+                f"the record {path} names job {rec.job_id}, which is not this "
+                f"deployment's job ({why}). {by_hand(dep, path)}"
             )
         same = rec.scripts_hash == self.digest
+        if same and info.active and not info.running and not self.opts.replace:
+            # Submitted by an `up` that was killed while it waited for the allocation: this
+            # `up` takes the job over as its own submit (waits for the allocation in `start`,
+            # cancels it on failure), instead of refusing it or submitting a second one.
+            why = "; ".join(sorted({c.reason for c in info.components if c.reason}))
+            reporter.step(
+                f"resuming Slurm job {rec.job_id} ({info.state}{': ' + why if why else ''}), "
+                "submitted by an `up` that did not finish: waiting for its allocation"
+            )
+            self.rec, self.handle["job_id"], self.resumed = rec, rec.job_id, True
+            return None
         if same and info.running and not self.opts.replace:
             self.rec, self.handle["job_id"] = rec, rec.job_id
-            self.urls = jobs.endpoints(rec, info)
+            self.urls, self.placed = jobs.endpoints(rec, info), True
             if rec.status == "up":
                 return UpResult(
                     changed=False,
@@ -135,25 +145,27 @@ class SlurmLaunch(Launch):
         return None
 
     def provision(self, reporter: Reporter) -> None:
-        if self.adopted:
-            return  # the adopted job runs its files already
+        if self.adopted or self.resumed:
+            return  # the job has its files already (and reads them once it runs)
         reporter.step("writing the job's files")
         self.driver = write_job(self.plan, self.sopts, self.opts.environ)
 
     def start(self, stage: str, procs: list[Process]) -> dict[str, int | None]:
-        if self.rec is not None or not procs:
-            return {}  # submitted at the first stage: the driver starts the rest itself
-        assert self.driver is not None
-        job_id = jobs.sbatch(self.plan, self.driver, self.digest)
-        self.handle["job_id"] = job_id
-        self.rec = _load(self.plan.deployment)
+        if self.placed or not procs:
+            return {}  # placed at the first stage: the driver starts the rest itself
         if self.rec is None:
-            raise LaunchError(f"the record of job {job_id} vanished")
+            assert self.driver is not None
+            job_id = jobs.sbatch(self.plan, self.driver, self.digest)
+            self.handle["job_id"] = job_id
+            self.rec = _load(self.plan.deployment)
+            if self.rec is None:
+                raise LaunchError(f"the record of job {job_id} vanished")
         try:
-            info = jobs.wait_running(job_id, max(1.0, self.deadline - time.monotonic()))
+            info = jobs.wait_running(self.rec.job_id,
+                                     max(1.0, self.deadline - time.monotonic()))  # fmt: skip
         except SlurmRunError as exc:
             raise LaunchError(str(exc), self.context()) from None
-        self.urls = jobs.endpoints(self.rec, info)
+        self.urls, self.placed = jobs.endpoints(self.rec, info), True
         return {}  # pids are Slurm's business (its steps), on the nodes
 
     def context(self) -> list[Failure]:
@@ -184,7 +196,7 @@ class SlurmLaunch(Launch):
     def record_up(self) -> None:
         assert self.rec is not None
         self.rec.status = "up"
-        save_record(self.rec)
+        save_slurm(self.rec)
 
     def started(self) -> list[str]:
         if self.rec is None or self.adopted:
@@ -213,11 +225,10 @@ class SlurmLaunch(Launch):
     def keep_failed(self) -> None:
         if self.rec is not None:
             self.rec.status = "failed"
-            save_record(self.rec)
+            save_slurm(self.rec)
 
     def forget(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            record_path(self.plan.deployment).unlink()
+        record_store.remove(self.plan.deployment, "slurm")
 
 
 class _SlurmHeld(Held):
@@ -250,8 +261,7 @@ class _SlurmHeld(Held):
         for p in self.rec.processes:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(p.secrets_path)
-        with contextlib.suppress(FileNotFoundError):
-            record_path(self.deployment).unlink()
+        record_store.remove(self.deployment, "slurm")
         return ""
 
     def message(self, note: str) -> str:
@@ -274,9 +284,10 @@ class SlurmRuntime(Runtime):
             return None
         info = job_info(rec.job_id)
         if info.active and (why := jobs.not_ours(rec)):
+            path = record_store.record_path(deployment)
             raise LaunchError(
-                f"the record {record_path(deployment)} names job {rec.job_id}, which is not "
-                f"this deployment's job ({why}). {by_hand(deployment, record_path(deployment))}"
+                f"the record {path} names job {rec.job_id}, which is not "
+                f"this deployment's job ({why}). {by_hand(deployment, path)}"
             )
         urls = jobs.endpoints(rec, info) if info.running else {}
         rows = []

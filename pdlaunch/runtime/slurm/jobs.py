@@ -3,9 +3,9 @@ process listens once placed, read logs, cancel (scancel) and prove gone. The lif
 (readiness, canary, rollback, status, down) is :mod:`pdlaunch.runtime.lifecycle`'s.
 
 The job's files go where the plan puts them (each process's work dir): the nodes must see
-them at the same paths (a shared file system), as the driver runs them there. The record of
-the job is ``<state dir>/<deployment>/slurm.json`` (beside the SSH backend's state.json), so
-`status`, `logs` and `down` work from another shell. Slurm is driven only through its own
+them at the same paths (a shared file system), as the driver runs them there. The job is
+recorded in the deployment's record (:mod:`pdlaunch.runtime.record_store`), so `status`,
+`logs` and `down` work from another shell. Slurm is driven only through its own
 commands (sbatch, squeue, sacct, scontrol, scancel), with the environment's ``SLURM_CONF``.
 """
 
@@ -38,27 +38,27 @@ from pdlaunch.backends.slurm_files import (
     write_job,
 )
 from pdlaunch.backends.slurm_record import (
-    FORMAT,
     ProcessRecord,
     SlurmRecord,
     SlurmRunError,
     by_hand,
     current_user,
     is_job_id,
-    load_record,
     record_of,
-    record_path,
-    save_record,
 )
 from pdlaunch.fsutil import atomic_write
 from pdlaunch.interrupts import signals_ignored
 from pdlaunch.plan import Plan
-from pdlaunch.state import STATE_FILE, deployment_dir
+from pdlaunch.runtime.record_store import (
+    OtherBackendError,
+    load_slurm,
+    record_path,
+    save_slurm,
+)
 
 # What callers (the CLI, tests) reach through this module.
 __all__ = [
     "ACTIVE",
-    "FORMAT",
     "GONE",
     "JobComponent",
     "JobInfo",
@@ -70,25 +70,23 @@ __all__ = [
     "gpus_in_gres",
     "job_dirs",
     "job_info",
-    "load_record",
+    "load_slurm",
     "node_address",
     "partition_limits",
     "record_of",
     "record_path",
     "remove_secrets",
     "run_slurm",
-    "save_record",
+    "save_slurm",
     "write_job",
 ]
 
 # -- submit ---------------------------------------------------------------------------------------
 def _refuse_if_running(deployment: str) -> None:
-    if (deployment_dir(deployment) / STATE_FILE).is_file():
-        raise SlurmRunError(
-            f"deployment {deployment!r} has a record of processes started over SSH: "
-            f"`pdlaunch down {deployment}` first"
-        )
-    rec = load_record(deployment)
+    try:
+        rec = load_slurm(deployment)
+    except OtherBackendError as exc:
+        raise SlurmRunError(exc.refusal()) from None
     if rec is not None:
         info = job_info(rec.job_id)
         if info.active:
@@ -117,7 +115,7 @@ def sbatch(plan: Plan, driver: Path, scripts_hash: str = "") -> str:
             raise SlurmRunError(f"sbatch answered {out!r}, not a job id")
         rec = record_of(plan, job_id)
         rec.scripts_hash = scripts_hash
-        save_record(rec)
+        save_slurm(rec)
     except BaseException:
         with signals_ignored():
             remove_secrets(plan)

@@ -1,11 +1,11 @@
 """The SSH runtime: processes started over SSH (or locally) through the host pool
-(:mod:`pdlaunch.hosts`), recorded in ``state.json``; found again by the record or, when it is
-lost, by the pid files each process leaves on its host."""
+(:mod:`pdlaunch.hosts`), recorded in the deployment's record
+(:mod:`pdlaunch.runtime.record_store`); found again by the record or, when it is lost, by the
+pid files each process leaves on its host."""
 
 from __future__ import annotations
 
 import copy
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -15,18 +15,11 @@ from pdlaunch.hosts import ConnectOptions, HostError, HostPool, containers
 from pdlaunch.hosts.containers import ContainerRef
 from pdlaunch.hosts.pool import Opener
 from pdlaunch.plan import Plan
+from pdlaunch.runtime import record_store
 from pdlaunch.runtime.base import Held, Observation, Observed, Runtime
 from pdlaunch.runtime.lifecycle.model import LaunchError, Reporter, UpOptions
-from pdlaunch.state import (
-    STATE_FILE,
-    DeploymentState,
-    ProcessState,
-    StateError,
-    deployment_dir,
-    load_state,
-    remove_state,
-    save_state,
-)
+from pdlaunch.runtime.record_store import load_state, save_state
+from pdlaunch.state import DeploymentState, ProcessState, StateError
 
 from .launch import SshLaunch
 from .records import proc_host, survey, unknown_message, unrecorded_state
@@ -52,6 +45,8 @@ def _observe_container(pool: HostPool, ps: ProcessState, o: Observed, client_ali
 def _load(deployment: str) -> DeploymentState | None:
     try:
         return load_state(deployment)
+    except (record_store.RecordFormatError, record_store.OtherBackendError) as exc:
+        raise LaunchError(str(exc)) from None
     except StateError as exc:
         raise LaunchError(
             f"{exc}. Run `pdlaunch down FILE` with the topology file to stop its processes "
@@ -80,6 +75,8 @@ class SshRuntime(Runtime):
         try:
             state = load_state(deployment)
             unreadable = None
+        except (record_store.RecordFormatError, record_store.OtherBackendError) as exc:
+            raise LaunchError(f"{exc}. Nothing was stopped.") from None
         except StateError as exc:
             if plan is None:
                 raise LaunchError(
@@ -208,18 +205,12 @@ class _SshHeld(Held):
 
     def forget(self) -> str:
         if self.recorded:
-            remove_state(self.deployment)
+            record_store.remove(self.deployment, "ssh")
             return ""
         if self.unreadable is None:
             return ""
         # Proven gone: the unreadable record is kept aside for inspection, not deleted.
-        src = deployment_dir(self.deployment) / STATE_FILE
-        aside = src.with_name(f"{STATE_FILE}.unreadable-{int(time.time())}")
-        try:
-            os.replace(src, aside)
-            return f"; the unreadable record was moved to {aside}"
-        except OSError as exc:
-            return f"; the unreadable record {src} could not be moved aside: {exc}"
+        return record_store.move_aside(self.deployment, "ssh")
 
     def message(self, note: str) -> str:
         dep, n = self.deployment, len(self.names)

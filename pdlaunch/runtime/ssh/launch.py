@@ -29,14 +29,8 @@ from pdlaunch.runtime.lifecycle.model import (
     UpResult,
     View,
 )
-from pdlaunch.state import (
-    DeploymentState,
-    file_hashes,
-    load_state,
-    remove_state,
-    save_state,
-    scripts_hash,
-)
+from pdlaunch.runtime.record_store import load_state, remove, save_state
+from pdlaunch.state import DeploymentState, file_hashes, scripts_hash
 
 from .records import (
     describe_changes,
@@ -56,7 +50,7 @@ COMMAND_TIMEOUT = 60.0  # upper bound of one host command during `up`, within --
 
 
 class SshLaunch(Launch):
-    """One `up` over SSH: the record (state.json), the connected hosts."""
+    """One `up` over SSH: the record, the connected hosts."""
 
     def __init__(self, plan: Plan, opts: UpOptions, opener: Opener | None = None):
         self.plan = plan
@@ -290,7 +284,7 @@ class SshLaunch(Launch):
             self.save()
 
     def forget(self) -> None:
-        remove_state(self.plan.deployment)
+        remove(self.plan.deployment, "ssh")
 
 
 # -- what already runs decides what `up` does ----------------------------------------------------
@@ -329,7 +323,7 @@ def _reconcile(
     )
     if not found.alive and not found.strangers:
         if old is not None:
-            remove_state(plan.deployment)  # every recorded process is proven gone
+            remove(plan.deployment, "ssh")  # every recorded process is proven gone
         return fresh, []
 
     alive = found.alive
@@ -366,7 +360,7 @@ def _reconcile(
             )
             _stop_or_keep(copies, found.strangers, pool, reporter, opts, save=False)
         if not alive:
-            remove_state(plan.deployment)  # what was left of it is stopped: nothing runs
+            remove(plan.deployment, "ssh")  # what was left of it is stopped: nothing runs
             return fresh, []
         if set(alive) >= planned and old.status == "up":
             return UpResult(
@@ -396,7 +390,7 @@ def _reconcile(
         )
     reporter.step("replacing: " + "; ".join(reasons))
     _stop_or_keep(old, found.strangers, pool, reporter, opts, save=True)
-    remove_state(plan.deployment)
+    remove(plan.deployment, "ssh")
     return fresh, []
 
 

@@ -390,7 +390,8 @@ def test_canary_names_the_pair_whose_transfer_fails(dep: Deployment, monkeypatch
     prefill added, is what `pdlaunch canary` reads: it must name that pair, find the real
     pair ok, and give decode's doctor finding."""
     from pdlaunch.load import load
-    from pdlaunch.state import ProcessState, load_state, remove_state, save_state
+    from pdlaunch.runtime.record_store import load_state, remove, save_state
+    from pdlaunch.state import ProcessState
 
     monkeypatch.setenv("PDLAUNCH_STATE_DIR", dep.env["PDLAUNCH_STATE_DIR"])
     base = free_port_block(2)  # base: the fake prefill's HTTP; base + 1: nobody
@@ -427,7 +428,7 @@ def test_canary_names_the_pair_whose_transfer_fails(dep: Deployment, monkeypatch
         res = run([*PDLAUNCH, "canary", state.deployment, "--json"], dep.env, 900)
         dep.timings["canary_broken_pair_s"] = round(time.monotonic() - t, 1)
     finally:
-        remove_state(state.deployment)  # the copy names the real engines' pids: never `down` it
+        remove(state.deployment, "ssh")  # the copy names the real engines' pids: never `down` it
         os.killpg(fake.pid, signal.SIGTERM)
         fake.wait(10)
     assert res.returncode == 1, f"{res.returncode}\n{res.stdout}\n{res.stderr}"

@@ -24,9 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdlaunch.backends.slurm_record import load_record
+from pdlaunch.runtime.record_store import load_slurm, record_path
 from pdlaunch.runtime.slurm import jobs
-from pdlaunch.state import deployment_dir
 from tests.support import cli_runner
 from tests.support.cli_runner import TRACEBACK, Run
 from tests.support.processes import procs_under, wait_no_procs
@@ -74,7 +73,7 @@ class World:
         raise NotImplementedError
 
     def record_file(self, name: str) -> Path:
-        raise NotImplementedError
+        return record_path(name)  # one record file, whichever backend
 
 
 def _ports() -> dict[str, int]:
@@ -111,9 +110,6 @@ class SshWorld(World):
             return any(p.get("pid") for p in data["processes"] if p["role"] == "prefill")
         return False
 
-    def record_file(self, name: str) -> Path:
-        return deployment_dir(name) / "state.json"
-
 
 class SlurmWorld(World):
     backend = "slurm"
@@ -129,13 +125,9 @@ class SlurmWorld(World):
 
     def started(self, name: str) -> bool:
         with contextlib.suppress(Exception):
-            rec = load_record(name)
+            rec = load_slurm(name)
             return rec is not None and jobs.job_info(rec.job_id).running
         return False
-
-    def record_file(self, name: str) -> Path:
-        return deployment_dir(name) / "slurm.json"
-
 
 @pytest.fixture(params=["ssh", pytest.param("slurm", marks=pytest.mark.slurm)])
 def world(request, tmp_path, fake_bins) -> World:
@@ -261,7 +253,7 @@ def test_up_after_kill_9_of_pdlaunch_adopts_what_the_first_one_started(world: Wo
         r = pdl("up", path, *world.up_flags, "--timeout", "120", "--json")
         assert r.rc == 0 and r.json()["changed"] is True, r
         if world.backend == "slurm":  # the job the killed `up` submitted, not a second one
-            assert r.json()["job_id"] == json.loads(before)["job_id"], r
+            assert r.json()["job_id"] == json.loads(before)["handle"]["job_id"], r
         else:  # the engines it started run on; only the router was started now
             assert set(engines) <= set(procs_under(work)), (engines, procs_under(work))
         st = pdl("status", "sc-adopt", "--json")

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from pdlaunch.backends import slurm
+from pdlaunch.runtime.record_store import list_deployments
 from pdlaunch.runtime.slurm import jobs
-from pdlaunch.state import list_deployments
 from tests.support import slurm_lifecycle as slurm_rt
 from tests.support.cli_runner import TRACEBACK, pdl
 from tests.support.slurm_specs import REPO, fake_spec, planned
@@ -78,9 +78,11 @@ def test_up_status_logs_down(slurm_cluster, fake_bins, tmp_path: Path) -> None:
         r = pdl("status", "cli-fake", "--backend", "slurm")
         assert r.rc == 0 and f"Slurm job {job} RUNNING" in r.stdout, r
         assert r.stdout.count("healthy") == 3, r
-        # --backend overrides the record: over SSH, nothing is recorded.
+        # --backend overrides the record: over SSH, the record is not one of its own.
         r = pdl("status", "cli-fake", "--backend", "ssh")
-        assert r.rc == 1 and "nothing recorded" in r.stdout, r
+        said = " ".join(r.stderr.split())
+        assert r.rc == 1 and f"has a record of Slurm job {job}" in said, r
+        assert "not of the ssh backend" in said, r
 
         r = pdl("logs", "cli-fake", "prefill-0")
         assert r.rc == 0 and "serving on" in r.stdout, r
@@ -95,7 +97,8 @@ def test_up_status_logs_down(slurm_cluster, fake_bins, tmp_path: Path) -> None:
         # Over SSH the same deployment would run a second copy beside the job: refused.
         r = pdl("up", path, "--skip-check")
         assert r.rc == 1 and f"Slurm job {job}" in r.stderr and "pdlaunch down" in r.stderr, r
-        assert not (Path(os.environ["PDLAUNCH_STATE_DIR"]) / "cli-fake" / "state.json").exists()
+        kept = Path(os.environ["PDLAUNCH_STATE_DIR"]) / "cli-fake" / "record.json"
+        assert json.loads(kept.read_text())["handle"]["job_id"] == job  # not overwritten
 
         # Another job for the same deployment (other sbatch options) is refused, the job
         # untouched; --replace would cancel it first.
@@ -117,7 +120,7 @@ def test_up_status_logs_down(slurm_cluster, fake_bins, tmp_path: Path) -> None:
         slurm_rt.down("cli-fake")  # whatever failed above, leave no job behind
     assert _squeue(slurm_cluster, job) == []
     assert jobs.processes_under([str(work)]) == []
-    assert jobs.load_record("cli-fake") is None and list_deployments() == []
+    assert jobs.load_slurm("cli-fake") is None and list_deployments() == []
     r = pdl("down", "cli-fake", "--backend", "slurm", "--json")
     assert r.rc == 0 and json.loads(r.stdout)["job_id"] is None, r  # idempotent
 
@@ -139,7 +142,7 @@ def test_an_interrupted_up_cancels_its_job(slurm_cluster, fake_bins, tmp_path: P
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the job never ran"
             time.sleep(0.3)
-            rec = jobs.load_record("cli-int")
+            rec = jobs.load_slurm("cli-int")
             job = rec.job_id if rec else None
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=120)
@@ -152,7 +155,7 @@ def test_an_interrupted_up_cancels_its_job(slurm_cluster, fake_bins, tmp_path: P
     assert "interrupted by SIGTERM: rolled back" in stderr, stderr
     assert _squeue(slurm_cluster, job) == []
     assert jobs.processes_under([str(work)]) == []
-    assert jobs.load_record("cli-int") is None
+    assert jobs.load_slurm("cli-int") is None
 
 
 def test_a_failed_up_says_which_process_and_cancels(slurm_cluster, fake_bins, tmp_path) -> None:
@@ -164,7 +167,7 @@ def test_a_failed_up_says_which_process_and_cancels(slurm_cluster, fake_bins, tm
     assert "rolled back" in r.stderr, r
     assert "simulated engine failure" in r.stderr, r  # the decode's own log, shown
     assert "exited before it was healthy" in r.stderr, r  # and the job driver's
-    assert jobs.load_record("cli-bad") is None  # proven gone, so forgotten
+    assert jobs.load_slurm("cli-bad") is None  # proven gone, so forgotten
     r = pdl("up", path, "--backend", "slurm", "--time", "10", "--timeout", "60", "--json")
     data = json.loads(r.stdout)
     assert r.rc == 1 and data["rolled_back"] is True and data["backend"] == "slurm", r
@@ -222,7 +225,7 @@ def test_validate_and_up_refuse_a_host_outside_the_nodelist(
     r = pdl("up", path, "--backend", "slurm", "--nodelist", nodes[0], "--time", "5")
     assert r.rc == 1 and "slurm-nodelist" in r.stderr and "nothing was submitted" in r.stderr, r
     assert set(slurm_cluster.jobs()) == before
-    assert not (state_dir / "cli-rules" / "slurm.json").exists()
+    assert not (state_dir / "cli-rules" / "record.json").exists()
 
 
 # -- user mistakes: a message, an exit code, no traceback ---------------------------------------
@@ -270,7 +273,8 @@ def test_unknown_deployments(tmp_path: Path, state_dir: Path) -> None:
 
 
 def test_list_deployments_finds_slurm_records(state_dir: Path) -> None:
-    for name, record in (("a", "slurm.json"), ("b", "state.json"), ("c", "lock")):
+    records = (("a", "slurm.json"), ("b", "state.json"), ("c", "lock"), ("d", "record.json"))
+    for name, record in records:
         (state_dir / name).mkdir(parents=True)
         (state_dir / name / record).write_text("{}")
-    assert list_deployments() == ["a", "b"]
+    assert list_deployments() == ["a", "b", "d"]

@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pdlaunch import bench, record
+from pdlaunch import bench
 from pdlaunch.backends import slurm
 from pdlaunch.cli import app
+from pdlaunch.runtime import record, record_store
 from pdlaunch.runtime.slurm import jobs
 from tests.support import slurm_lifecycle as slurm_rt
 from tests.support.slurm_specs import REPO, fake_spec, planned
@@ -92,7 +93,7 @@ def test_every_command_reaches_a_slurm_deployment_where_slurm_runs_it(
     assert up.endpoint == router_url
 
     # The record: the router where Slurm put it, each process on its node.
-    rec = record.find("slurm-every")
+    rec = record_store.find("slurm-every")
     assert rec is not None and rec.backend == "slurm" and rec.endpoint == router_url
     assert isinstance(rec.handle, record.SlurmHandle) and rec.handle.job_state == "RUNNING"
     assert rec.handle.job_id == up.job_id

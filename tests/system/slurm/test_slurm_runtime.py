@@ -98,7 +98,7 @@ def test_up_status_logs_down_through_slurm(slurm_cluster, fake_bins, tmp_path: P
     assert _squeue(slurm_cluster, job) == []
     assert jobs.processes_under([str(work)]) == []
     assert not probe(res.endpoint + "/health", timeout=2).ok
-    assert jobs.load_record("slurm-fake") is None
+    assert jobs.load_slurm("slurm-fake") is None
     # Idempotent.
     assert slurm_rt.down("slurm-fake").job_id is None
     print(f"\n[slurm fake] healthy+canary {healthy_s:.1f}s, down {down_s:.1f}s")
@@ -124,7 +124,7 @@ def test_an_engine_that_dies_fails_up_and_leaves_nothing(
     while jobs.processes_under([str(work)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert jobs.processes_under([str(work)]) == []
-    assert jobs.load_record("slurm-bad") is None  # proven gone, so forgotten
+    assert jobs.load_slurm("slurm-bad") is None  # proven gone, so forgotten
     assert slurm_rt.down("slurm-bad").job_id is None
 
 
@@ -156,7 +156,7 @@ def test_a_percent_in_the_work_dir_is_a_percent_to_slurm(
         assert res.ok, f"{res.message}\n{res.logs}"
         for p in plan.processes:
             assert Path(p.log_path).is_file(), p.log_path
-        assert Path(jobs.load_record("slurm-pct").driver_log).is_file()
+        assert Path(jobs.load_slurm("slurm-pct").driver_log).is_file()
         assert "serving on" in slurm_rt.logs("slurm-pct", "prefill-0", lines=20)
         assert not any(p.name != "run%j%x" for p in tmp_path.iterdir() if p.name.startswith("run"))
     finally:
@@ -176,7 +176,7 @@ def test_down_leaves_a_job_that_is_not_the_deployments(
         spec = fake_spec("slurm-other", tmp_path / "w", slurm_cluster.nodes, fake_bins, _ports())
         _, _, plan = planned(spec, tmp_path / "t.yaml")
         jobs.run_slurm(jobs._scancel_argv("slurm-other", other))
-        jobs.save_record(jobs.record_of(plan, other))
+        jobs.save_slurm(jobs.record_of(plan, other))
         res = slurm_rt.down("slurm-other")
         assert not res.ok and "not this deployment's job" in res.message, res
         time.sleep(1)

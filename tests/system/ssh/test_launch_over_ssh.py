@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from pdlaunch.state import load_state
+from pdlaunch.runtime.record_store import load_state
 from tests.support.deployments import SECRET_ENV, cli
 from tests.support.processes import procs_under, wait_no_procs
 from tests.support.sshd import free_port, keygen
