@@ -42,7 +42,8 @@ from .host import Host
 from .local import LocalHost
 from .logs import LogFollower
 from .options import ConnectOptions
-from .pool import HostPool, parallel, ssh_settings
+from .parallel import parallel
+from .pool import HostPool, ssh_settings
 from .processes import Started
 from .shell import sh_quote_path
 from .ssh import SshHost, SshSettings, fingerprint

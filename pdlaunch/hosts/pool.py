@@ -10,16 +10,14 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .errors import HostError
 from .host import Host
 from .local import LocalHost
 from .options import ConnectOptions
+from .parallel import parallel
 from .ssh import SshSettings
-
-MAX_WORKERS = 64
 
 HostKey = tuple[str, bool, tuple]
 Opener = Callable[[str, bool, dict[str, Any]], Host]
@@ -128,25 +126,3 @@ class HostPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def parallel(fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
-    """``fn`` over ``items`` in threads; results in order; re-raises the first exception after
-    all finished (so nothing is left running behind the caller's back)."""
-    items = list(items)
-    if not items:
-        return []
-    if len(items) == 1:
-        return [fn(items[0])]
-    with ThreadPoolExecutor(max_workers=min(MAX_WORKERS, len(items))) as pool:
-        futures = [pool.submit(fn, it) for it in items]
-        results, first_exc = [], None
-        for f in futures:
-            try:
-                results.append(f.result())
-            except BaseException as exc:
-                results.append(None)
-                first_exc = first_exc or exc
-    if first_exc is not None:
-        raise first_exc
-    return results

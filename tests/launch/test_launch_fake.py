@@ -44,7 +44,7 @@ TOPOLOGY = {
     "router": {"host": A, "port": 8123},
 }
 # Imported by name: the package's `up` attribute is the function, which hides the module.
-launch_up = importlib.import_module("pdlaunch.runtime.lifecycle.up")
+launch_readiness = importlib.import_module("pdlaunch.runtime.lifecycle.readiness")
 launch_inspect = importlib.import_module("pdlaunch.runtime.lifecycle.inspect")
 ssh_launch = importlib.import_module("pdlaunch.runtime.ssh.launch")
 
@@ -91,11 +91,11 @@ def world(monkeypatch, tmp_path) -> FakeWorld:
     monkeypatch.setenv("PDLAUNCH_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv(SECRET, "s3cret-value")
     w = FakeWorld().learn(PLAN)
-    monkeypatch.setattr(launch_up.health, "probe", w.probe)
+    monkeypatch.setattr(launch_readiness.health, "probe", w.probe)
     monkeypatch.setattr(launch_inspect.health, "probe", w.probe)
     # An engine that dies is noticed at the next liveness check (1 s in production); these
     # tests decide the same thing sooner.
-    monkeypatch.setattr(launch_up, "ALIVE_EVERY", 0.02)
+    monkeypatch.setattr(launch_readiness, "ALIVE_EVERY", 0.02)
     return w
 
 

@@ -21,7 +21,7 @@ from pdlaunch.runtime.base import Launch
 from .model import Failure, LaunchError, Reporter
 
 if TYPE_CHECKING:
-    from .up import Run
+    from .run import Run
 
 MODES = ("all", "router", "off")
 

@@ -14,7 +14,7 @@ from pdlaunch.state import StateError
 from .model import Interrupted, LaunchError
 
 if TYPE_CHECKING:
-    from .up import Run
+    from .run import Run
 
 
 def roll_back(run: Run, exc: BaseException) -> BaseException:

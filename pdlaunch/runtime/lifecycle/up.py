@@ -9,123 +9,22 @@ gone before the record goes; a second signal meanwhile says truthfully what is l
 
 from __future__ import annotations
 
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from pdlaunch import health
-from pdlaunch.hosts import HostError
-from pdlaunch.hosts.pool import MAX_WORKERS
 from pdlaunch.interrupts import Signalled, signal_name, signals_interrupt
-from pdlaunch.plan import Plan, Process
+from pdlaunch.plan import Plan
 from pdlaunch.runtime.base import STAGES, Launch, Runtime, stage_processes
 from pdlaunch.state import DeploymentLock
 
 from . import readiness
 from .canary import run_canary
-from .model import Failure, Interrupted, LaunchError, Reporter, UpOptions, UpResult, View
+from .model import Interrupted, LaunchError, Reporter, UpOptions, UpResult
 from .rollback import roll_back
-
-ALIVE_EVERY = 1.0  # s between liveness checks (one command on the host) while not healthy
-
-
-class Run:
-    """One `up` under way: the runtime's Launch, the live view and the deadline."""
-
-    def __init__(self, launch: Launch, reporter: Reporter, opts: UpOptions, deadline: float):
-        self.launch = launch
-        self.plan = launch.plan
-        self.reporter = reporter
-        self.opts = opts
-        self.deadline = deadline
-        self.provisioned = False
-        self.views = {p.name: View(p.name, p.role, p.host) for p in self.plan.processes}
-        for name in launch.adopted:
-            self.set(name, "starting", "already running (adopted)")
-        reporter.views(list(self.views.values()))
-
-    def set(self, name: str, state: str, detail: str = "", pid: int | None = None) -> None:
-        v = self.views[name]
-        if pid is not None:  # first: a reporter thread that sees the new detail sees the pid
-            v.pid = pid
-        v.state, v.detail = state, detail
-        self.reporter.update()
-
-    def failure(self, p: Process, reason: str) -> Failure:
-        return Failure(p.name, self.launch.where(p), reason, p.log_path, self.launch.log_tail(p))
-
-    def wait_healthy(self, procs: list[Process]) -> None:
-        """Until every process answers 200 on /health where it really listens (headless ones:
-        alive), any exits (fail fast), or the deadline passes (every one not healthy named)."""
-        abort = threading.Event()
-        failures: list[Failure] = []
-        launch = self.launch
-
-        def watch(p: Process) -> None:
-            url = launch.health_url(p)
-
-            def probe(timeout: float) -> tuple[bool, str]:
-                try:
-                    pr = health.probe(url, timeout=timeout)  # type: ignore[arg-type]
-                except Exception as exc:  # an answer that is not HTTP: unhealthy, said where
-                    return False, f"{url}: {' '.join(str(exc).split())[:200]}"
-                return pr.ok, pr.describe()
-
-            try:
-                out = readiness.wait_until(
-                    probe if url else None,
-                    lambda: launch.is_alive(p),
-                    deadline=self.deadline,
-                    interval=self.opts.poll_interval,
-                    alive_every=ALIVE_EVERY,
-                    sleep=abort.wait,
-                    aborted=abort.is_set,
-                    on_wait=lambda detail: self.set(p.name, "starting", detail),
-                )
-            except (HostError, LaunchError) as exc:
-                failures.append(Failure(p.name, launch.where(p), f"cannot check process: {exc}"))
-                self.set(p.name, "failed", str(exc))
-                abort.set()
-                return
-            if out.status == readiness.READY:
-                self.set(p.name, "healthy" if url else "running", url or out.detail)
-                return
-            if out.status == readiness.ABORTED:
-                return
-            if out.status == readiness.EXITED:
-                reason = "exited during start"
-                self.set(p.name, "failed", reason)
-                abort.set()  # fail fast: the others need not be waited for
-            else:
-                # No abort: the others reach the same deadline now, and each that is not
-                # healthy is named with its own last answer.
-                reason = f"not healthy before the deadline ({out.detail} at {url})"
-                self.set(p.name, "failed", "health deadline passed")
-            failures.append(self.failure(p, reason))
-
-        # Own executor: on Ctrl-C the watchers must stop at once, not at the deadline, so
-        # `abort` is set before waiting for them.
-        executor = ThreadPoolExecutor(max_workers=min(MAX_WORKERS, max(1, len(procs))))
-        try:
-            for f in [executor.submit(watch, p) for p in procs]:
-                f.result()
-        finally:
-            abort.set()
-            executor.shutdown(wait=True)
-        if failures:
-            order = {p.name: i for i, p in enumerate(procs)}
-            failures.sort(key=lambda f: order.get(f.name, len(order)))  # plan order, not racy
-            first = failures[0]
-            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
-            raise LaunchError(
-                f"{first.name} on {first.host}: {first.reason}{more}",
-                failures + self.launch.context(),
-            )
+from .run import Run
 
 
-def up(
-    runtime: Runtime, plan: Plan, opts: UpOptions, reporter: Reporter | None = None
-) -> UpResult:
+def up(runtime: Runtime, plan: Plan, opts: UpOptions, reporter: Reporter | None = None) -> UpResult:
     """Start the deployment on ``runtime`` (see the module docstring). Raises LaunchError
     (Interrupted on a signal) or StateError."""
     reporter = reporter or Reporter()
@@ -189,7 +88,7 @@ def _steps(run: Run, t0: float) -> UpResult:
             run.set(p.name, "starting", "waiting for health" if p.health_url else "",
                     pid=pids.get(p.name))  # fmt: skip
         reporter.step(f"waiting for {stage} health")
-        run.wait_healthy(procs)
+        readiness.wait_healthy(run, procs)
     healthy_s = time.monotonic() - t0
     canary = run_canary(run)
     launch.record_up()
