@@ -30,7 +30,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -41,14 +40,12 @@ import pytest
 import yaml
 
 from pdlaunch.health import probe
-from pdlaunch.load import load, load_text
+from pdlaunch.load import load
 from pdlaunch.plan import build_plan
-from pdlaunch.rules import has_errors, validate
 from tests.support.engine_requests import (
     BY_SOURCE,
     EXT,
     LOCAL,
-    SERVED,
     XFER_BYTES,
     complete,
     fail_on_kv_lease_problem,
@@ -57,7 +54,6 @@ from tests.support.engine_requests import (
     metrics,
 )
 from tests.support.engines import (
-    BIN,
     PDLAUNCH,
     engine_env,
     free_port_block,
@@ -69,146 +65,24 @@ from tests.support.engines import (
     up_with_retry,
 )
 from tests.support.netns import NetnsCluster, NetnsHost, netns_pids
+from tests.support.netns_pd import (
+    DECODE_HTTP,
+    PLAIN_HTTP,
+    PREFILL_HTTP,
+    ROUTER_HTTP,
+    SIDE_CHANNEL,
+    connections_to,
+    engine_ports,
+    listening,
+    topology,
+)
 
 SEED = 20261
 PROMPT_LENS = (12, 33, 64, 100)
-# each namespace has its own port space: fixed ports cannot clash with other tests
-PREFILL_HTTP, DECODE_HTTP, SIDE_CHANNEL, ROUTER_HTTP, PLAIN_HTTP = 8100, 8200, 5600, 8123, 8300
 UP_TIMEOUT = 600
 E2E_TIMEOUT = 1500  # pytest-timeout counts the module's plain-instance setup too
 
 PROMPTS = make_prompts(SEED, PROMPT_LENS)
-
-
-# ------------------------------------------------------------------------- topology (pure)
-
-
-def topology(
-    *,
-    deployment: str,
-    model: str,
-    work_dir: str,
-    user: str,
-    key_file: str,
-    prefill: str,
-    decode: list[str],
-    router: str,
-    router_ports: tuple[int, int] = (ROUTER_HTTP, 29000),
-    local_router: bool = False,
-    decode_args: tuple[str, ...] = (),
-) -> dict[str, Any]:
-    """topologies/local-cpu.yaml moved onto namespace hosts: one prefill, one decode (DP over
-    the nodes in ``decode`` when there are two), the router on ``router``."""
-    engine = {
-        "device": "cpu",
-        "block_size": 32,
-        "enforce_eager": True,
-        "prefix_caching": False,
-    }
-    dec: dict[str, Any] = {**engine, "port": DECODE_HTTP, "devices": [1]}
-    if len(decode) == 1:
-        dec["host"] = decode[0]
-    else:  # the GB200 guide's shape: leader serves HTTP, the other nodes run --headless
-        dec["hosts"] = decode
-        dec["dp"] = {"size": len(decode), "local_size": 1}
-    if decode_args:
-        dec["extra_args"] = list(decode_args)
-    topo: dict[str, Any] = {
-        "deployment": deployment,
-        "model": {"name": model, "served_name": SERVED, "dtype": "float32", "max_model_len": 1024},
-        "defaults": {
-            "ssh": {"user": user, "port": 22, "key": key_file},
-            "work_dir": work_dir,
-            # the venv is on the filesystem every namespace host shares; a login over SSH
-            # does not have it on PATH
-            "vllm_bin": str(BIN / "vllm"),
-            # no sm: NIXL between namespaces must go through the veths, as between machines
-            "ucx_tls": "tcp,self",
-            "env": {
-                "HF_HUB_OFFLINE": "1",
-                "TRANSFORMERS_OFFLINE": "1",
-                "VLLM_CPU_KVCACHE_SPACE": "1",
-                "UCX_NET_DEVICES": "eth0",  # the namespace's only link to the other hosts
-                "PDLAUNCH_PYTHON": sys.executable,  # check's version probe: this interpreter
-            },
-        },
-        # Each namespace is its own host to pdlaunch, so by default every engine would bind
-        # core 0 of this machine; pin prefill and decode apart.
-        "prefill": [{**engine, "host": prefill, "port": PREFILL_HTTP, "devices": [0]}],
-        "decode": [dec],
-        # a long KV lease, as in local-cpu.yaml: a stalled request on 2 cores must not lose it
-        "kv_connector": {
-            "kind": "nixl",
-            "side_channel_port": SIDE_CHANNEL,
-            "kv_lease_duration": 600,
-        },
-        "router": {
-            "host": router,
-            "port": router_ports[0],
-            "prometheus_port": router_ports[1],
-            "binary": str(BIN / "vllm-router"),
-        },
-    }
-    if local_router:  # the control host runs the router itself: no SSH, bound to the bridge
-        topo["router"]["bind"] = router
-        topo["hosts"] = {router: {"local": True}}
-    return topo
-
-
-# ------------------------------------------------------------------------- ss output (pure)
-
-
-@dataclass(frozen=True)
-class Sock:
-    state: str
-    local: tuple[str, int]
-    peer: tuple[str, int]
-    process: str  # first process name ss names ("" when none)
-
-
-def _endpoint(text: str) -> tuple[str, int]:
-    addr, _, port = text.rpartition(":")
-    return addr.strip("[]"), int(port) if port.isdigit() else -1
-
-
-_PROCESS = re.compile(r'users:\(\("([^"]+)"')
-
-
-def parse_ss(text: str) -> list[Sock]:
-    """Rows of `ss -Htn[l]p` (State Recv-Q Send-Q Local Peer [Process])."""
-    out = []
-    for line in text.splitlines():
-        cols = line.split()
-        if len(cols) < 5:
-            continue
-        m = _PROCESS.search(line)
-        out.append(Sock(cols[0], _endpoint(cols[3]), _endpoint(cols[4]), m.group(1) if m else ""))
-    return out
-
-
-def listening(ss_text: str, port: int) -> set[tuple[str, int]]:
-    return {s.local for s in parse_ss(ss_text) if s.state == "LISTEN" and s.local[1] == port}
-
-
-def engine_ports(ss_text: str) -> set[int]:
-    """Ports a vLLM process (API server, EngineCore, Worker) listens on."""
-    return {
-        s.local[1]
-        for s in parse_ss(ss_text)
-        if s.state == "LISTEN" and s.process.lower().startswith("vllm")
-    }
-
-
-def connections_to(ss_text: str, address: str, ports: set[int]) -> list[Sock]:
-    """Established connections of vLLM processes to ``address`` on one of ``ports``."""
-    return [
-        s
-        for s in parse_ss(ss_text)
-        if s.state == "ESTAB"
-        and s.peer[0] == address
-        and s.peer[1] in ports
-        and s.process.lower().startswith("vllm")
-    ]
 
 
 # ------------------------------------------------------------------------- processes
@@ -579,111 +453,3 @@ def test_multinode_dp_moe_decode_fails_on_vllm_cpu(
     finally:
         down = _down(netns, path, work, env)
     _assert_down_clean(down)
-
-
-# ------------------------------------------------------------------------- no engine needed
-
-
-def _shapes() -> dict[str, dict[str, Any]]:
-    common = dict(model="/models/tiny", work_dir="/tmp/pdlaunch", user="root",
-                  key_file="/root/.ssh/id_ed25519", prefill="10.231.0.11")  # fmt: skip
-    return {
-        "pd": topology(
-            deployment="netns-pd", decode=["10.231.0.12"], router="10.231.0.13", **common
-        ),
-        "dp": topology(
-            deployment="netns-dp",
-            decode=["10.231.0.12", "10.231.0.13"],
-            router="10.231.0.1",
-            router_ports=(38123, 38124),
-            local_router=True,
-            **common,
-        ),
-        "dp-moe": topology(
-            deployment="netns-dp-moe",
-            decode=["10.231.0.12", "10.231.0.13"],
-            router="10.231.0.1",
-            router_ports=(38123, 38124),
-            local_router=True,
-            decode_args=("--enable-expert-parallel",),
-            **common,
-        ),
-    }
-
-
-@pytest.fixture(scope="module")
-def plans() -> dict:
-    out = {}
-    for name, data in _shapes().items():
-        topo, source = load_text(yaml.safe_dump(data), f"{name}.yaml")
-        findings = validate(topo, source)
-        assert not has_errors(findings), [f"{f.rule}: {f.message}" for f in findings]
-        out[name] = build_plan(topo)
-    return out
-
-
-def test_dp_topology_renders_the_gb200_shape(plans: dict) -> None:
-    prefill, leader, worker, router = plans["dp"].processes
-
-    def opt(argv: list[str], flag: str) -> str | None:
-        return argv[argv.index(flag) + 1] if flag in argv else None
-
-    assert (leader.host, worker.host) == ("10.231.0.12", "10.231.0.13")
-    assert "--headless" in worker.argv and "--port" not in worker.argv
-    assert "--headless" not in leader.argv and opt(leader.argv, "--port") == str(DECODE_HTTP)
-    for p in (leader, worker):
-        assert opt(p.argv, "--data-parallel-size") == "2"
-        assert opt(p.argv, "--data-parallel-size-local") == "1"
-        assert opt(p.argv, "--data-parallel-address") == "10.231.0.12"
-        assert p.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == p.host
-        assert p.env["UCX_TLS"] == "tcp,self"
-    assert opt(worker.argv, "--data-parallel-start-rank") == "1"
-    assert opt(leader.argv, "--data-parallel-start-rank") is None  # rank 0: vLLM's default
-    assert router.argv.count("--decode") == 1 and f"http://10.231.0.12:{DECODE_HTTP}" in router.argv
-    assert prefill.env["VLLM_CPU_OMP_THREADS_BIND"] != leader.env["VLLM_CPU_OMP_THREADS_BIND"]
-
-
-@pytest.mark.parametrize("name", ["pd", "dp", "dp-moe"])
-def test_rendered_commands_pass_the_fidelity_judge(plans: dict, name: str) -> None:
-    from tests.fidelity.judge import judge_plan
-
-    verdicts = judge_plan(plans[name])
-    assert set(verdicts) == {p.name for p in plans[name].processes}
-    assert not {k: v for k, v in verdicts.items() if v}, verdicts
-
-
-def test_the_judge_refuses_a_broken_headless_worker(plans: dict) -> None:
-    """Negative control: the same headless argv with its start rank mangled is refused."""
-    from tests.fidelity.judge import judge_serve
-
-    worker = plans["dp"].by_role("decode")[1]
-    argv = list(worker.argv)
-    argv[argv.index("--data-parallel-start-rank") + 1] = "one"
-    problems = judge_serve(argv, worker.env, "cpu")
-    assert any("rejects the argv" in p for p in problems), problems
-
-
-# Captured by `ip netns exec pdl20-h2 ss -Htnp` / `pdl20-h1 ss -Htlnp` during a PD run here
-# (2026-11-23), trimmed.
-SS_B = """\
-ESTAB 9      0       10.231.20.12:55599 10.231.20.11:57609 users:(("VLLM::Worker",pid=2450,fd=139))
-ESTAB 0      0       10.231.20.12:39807 10.231.20.12:35127 users:(("VLLM::Worker",pid=2450,fd=120))
-ESTAB 0      0       10.231.20.12:8200  10.231.20.13:39602 users:(("vllm",pid=2163,fd=25))
-ESTAB 0      0       10.231.20.12:22    10.231.20.1:40000  users:(("sshd",pid=1416,fd=4))
-"""
-SS_A = """\
-LISTEN 0      2048         0.0.0.0:8100       0.0.0.0:*    users:(("vllm",pid=2177,fd=12))
-LISTEN 0      100     10.231.20.11:5600  0.0.0.0:* users:(("VLLM::EngineCor",pid=2386,fd=49))
-LISTEN 0      128     10.231.20.11:22         0.0.0.0:*    users:(("sshd",pid=1415,fd=3))
-LISTEN 0      4096    10.231.20.11:57609      0.0.0.0:*    users:(("VLLM::Worker",pid=2441,fd=97))
-LISTEN 0      4096             [::]:22           [::]:*    users:(("sshd",pid=9,fd=4))
-"""
-
-
-def test_ss_parsing() -> None:
-    assert listening(SS_A, 5600) == {("10.231.20.11", 5600)}
-    assert listening(SS_A, 22) == {("10.231.20.11", 22), ("::", 22)}
-    assert engine_ports(SS_A) == {8100, 5600, 57609}
-    (link,) = connections_to(SS_B, "10.231.20.11", engine_ports(SS_A) - {8100})
-    assert link.local == ("10.231.20.12", 55599) and link.process == "VLLM::Worker"
-    assert connections_to(SS_B, "10.231.20.11", {22}) == []
