@@ -25,14 +25,14 @@ from pdlaunch.state import StateError
 from pdlaunch.testing import FakeSlurm
 from tests.support import slurm_lifecycle as slurm_rt
 from tests.support.slurm_specs import REPO, fake_spec, planned
-from tests.support.sshd import free_port
+from tests.support.sshd import free_ports
 
 SECRET = "s3cr3t-value-" + os.urandom(4).hex()
 TRACEBACK = "Traceback (most recent call last)"
 
 
 def _plan(tmp_path: Path, fake_bins, name: str = "hard", secret: bool = True) -> Plan:
-    ports = {k: free_port() for k in ("prefill", "decode", "side", "router", "metrics")}
+    ports = free_ports("prefill", "decode", "side", "router", "metrics")
     # Both engines on one node: one component, so the fake squeue's single line is the job.
     spec = fake_spec(name, tmp_path / "work", ["n1", "n1"], fake_bins, ports)
     if secret:
@@ -148,7 +148,7 @@ def test_a_job_that_cannot_be_recorded_is_cancelled(
 
 
 def test_percent_in_a_work_dir_reaches_slurm_escaped(fake_bins, tmp_path: Path) -> None:
-    ports = {k: free_port() for k in ("prefill", "decode", "side", "router", "metrics")}
+    ports = free_ports("prefill", "decode", "side", "router", "metrics")
     spec = fake_spec("pct", tmp_path / "a%jb", ["n1", "n2"], fake_bins, ports)
     plan = planned(spec, tmp_path / "t.yaml")[2]
     script = slurm.sbatch_script(plan, _opts())

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from pdlaunch.cli import app
 from tests.support.processes import procs_under
-from tests.support.sshd import free_port
+from tests.support.sshd import free_ports
 
 SECRET_ENV = "PDLAUNCH_TEST_SECRET"
 
@@ -79,7 +79,7 @@ def make_deployment(tmp_path, fake_bins):
         router_env: dict | None = None,
         env: dict | None = None,
     ) -> Deployment:
-        ports = {k: free_port() for k in ("prefill", "decode", "router", "side")}
+        ports = free_ports("prefill", "decode", "router", "side")
         work_root = tmp_path / f"work-{name}"
         spec: dict = {
             "deployment": name,

@@ -95,6 +95,19 @@ def free_port(host: str = LOOPBACK) -> int:
         return s.getsockname()[1]
 
 
+def free_ports(*names: str, host: str = LOOPBACK) -> dict[str, int]:
+    """A distinct free TCP port per name: every socket stays bound until all are chosen, so two
+    names never get the same port (two free_port() calls may: the kernel can hand the one just
+    released out again, and a topology with a port twice is refused by validate)."""
+    with contextlib.ExitStack() as stack:
+        ports = {}
+        for name in names:
+            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            s.bind((host, 0))
+            ports[name] = s.getsockname()[1]
+        return ports
+
+
 def keygen(path: Path, *, comment: str = "pdlaunch-test", key_type: str = "ed25519") -> Path:
     """Create an unencrypted keypair at ``path`` / ``path.pub``; returns ``path``."""
     path = Path(path)

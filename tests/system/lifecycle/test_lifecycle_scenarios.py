@@ -30,7 +30,7 @@ from tests.support import cli_runner
 from tests.support.cli_runner import TRACEBACK, Run
 from tests.support.processes import procs_under, wait_no_procs
 from tests.support.slurm_specs import fake_spec
-from tests.support.sshd import free_port
+from tests.support.sshd import free_ports
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -77,7 +77,7 @@ class World:
 
 
 def _ports() -> dict[str, int]:
-    return {k: free_port() for k in ("prefill", "decode", "side", "router", "metrics")}
+    return free_ports("prefill", "decode", "side", "router", "metrics")
 
 
 class SshWorld(World):

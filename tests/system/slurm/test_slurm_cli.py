@@ -21,7 +21,7 @@ from pdlaunch.runtime.slurm import jobs
 from tests.support import slurm_lifecycle as slurm_rt
 from tests.support.cli_runner import TRACEBACK, pdl
 from tests.support.slurm_specs import REPO, fake_spec, planned
-from tests.support.sshd import free_port
+from tests.support.sshd import free_ports
 
 pytestmark = pytest.mark.slurm
 
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slurm
 
 
 def _ports() -> dict[str, int]:
-    return {k: free_port() for k in ("prefill", "decode", "side", "router", "metrics")}
+    return free_ports("prefill", "decode", "side", "router", "metrics")
 
 
 def _squeue(cluster, job_id: str) -> list[str]:

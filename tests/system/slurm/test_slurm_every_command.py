@@ -28,7 +28,7 @@ from pdlaunch.runtime import record, record_store
 from pdlaunch.runtime.slurm import jobs
 from tests.support import slurm_lifecycle as slurm_rt
 from tests.support.slurm_specs import REPO, fake_spec, planned
-from tests.support.sshd import free_port
+from tests.support.sshd import free_ports
 
 pytestmark = pytest.mark.slurm
 
@@ -71,7 +71,7 @@ def _complete(endpoint: str) -> None:
 
 @pytest.fixture
 def deployment(slurm_cluster, fake_bins, tmp_path: Path):
-    ports = {k: free_port() for k in ("prefill", "decode", "side", "router", "metrics")}
+    ports = free_ports("prefill", "decode", "side", "router", "metrics")
     spec = fake_spec("slurm-every", tmp_path / "work", ["pd-a", "pd-b"], fake_bins, ports)
     path = tmp_path / "every.yaml"
     _, _, plan = planned(spec, path)
@@ -176,7 +176,7 @@ def test_every_command_reaches_a_slurm_deployment_where_slurm_runs_it(
 def test_commands_on_a_job_that_no_longer_runs_say_so(slurm_cluster, fake_bins, tmp_path) -> None:
     """A recorded job that ended: bench and watch name the job's state instead of aiming at
     the plan's addresses; doctor reports every process dead, with the job's state."""
-    ports = {k: free_port() for k in ("prefill", "decode", "side", "router", "metrics")}
+    ports = free_ports("prefill", "decode", "side", "router", "metrics")
     spec = fake_spec("slurm-gone", tmp_path / "work", ["pd-a", "pd-b"], fake_bins, ports)
     path = tmp_path / "gone.yaml"
     _, _, plan = planned(spec, path)

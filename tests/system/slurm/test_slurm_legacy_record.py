@@ -20,7 +20,7 @@ from pdlaunch.runtime.slurm import jobs
 from pdlaunch.state import deployment_dir
 from tests.support import slurm_lifecycle as slurm_rt
 from tests.support.slurm_specs import REPO, fake_spec, planned
-from tests.support.sshd import free_port
+from tests.support.sshd import free_ports
 
 pytestmark = pytest.mark.slurm
 
@@ -40,7 +40,7 @@ def _pdl(*args: object) -> subprocess.CompletedProcess[str]:
 def test_a_format_1_slurm_job_is_found_statused_and_cancelled(
     slurm_cluster, fake_bins, tmp_path: Path
 ) -> None:
-    ports = {k: free_port() for k in ("prefill", "decode", "side", "router", "metrics")}
+    ports = free_ports("prefill", "decode", "side", "router", "metrics")
     work = tmp_path / "work"
     spec = fake_spec(NAME, work, ["pd-a", "pd-b"], fake_bins, ports)
     _, _, plan = planned(spec, tmp_path / "legacy.yaml")

@@ -20,7 +20,7 @@ from tests.support import cli_runner as pdl_cli
 from tests.support.cli_runner import TRACEBACK
 from tests.support.processes import wait_no_procs
 from tests.support.slurm_specs import fake_spec
-from tests.support.sshd import free_port
+from tests.support.sshd import free_ports
 
 pytestmark = pytest.mark.slurm
 
@@ -44,7 +44,7 @@ def _pending(name: str) -> str | None:
 def _killed_while_pending(cluster, fake_bins, tmp_path: Path, name: str, begin: str):
     """A topology and its job, left PENDING by an `up` killed -9 while it waited: (path,
     work dir, flags, job id)."""
-    ports = {k: free_port() for k in ("prefill", "decode", "side", "router", "metrics")}
+    ports = free_ports("prefill", "decode", "side", "router", "metrics")
     work = tmp_path / "work"
     path = tmp_path / f"{name}.yaml"
     spec = fake_spec(name, work, cluster.nodes, fake_bins, ports)

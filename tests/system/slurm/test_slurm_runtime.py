@@ -15,13 +15,13 @@ from pdlaunch.runtime import lifecycle
 from pdlaunch.runtime.slurm import jobs
 from tests.support import slurm_lifecycle as slurm_rt
 from tests.support.slurm_specs import fake_spec, planned
-from tests.support.sshd import free_port
+from tests.support.sshd import free_ports
 
 pytestmark = pytest.mark.slurm
 
 
 def _ports() -> dict[str, int]:
-    return {k: free_port() for k in ("prefill", "decode", "side", "router", "metrics")}
+    return free_ports("prefill", "decode", "side", "router", "metrics")
 
 
 def _environ(pid: int) -> dict[str, str]:

@@ -24,6 +24,7 @@ from tests.support.check_over_ssh import (
     rows,
     ssh_of,
 )
+from tests.support.sshd import free_ports
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ def cuda_cpu(tmp_path, model_dir, sshd_hosts, sshd_cluster):
     h0, h1, h2 = sshd_hosts(3)
     py_a = fake_python(tmp_path, "venvA", "0.32.0")
     py_b = fake_python(tmp_path, "venvB", "0.31.1")
-    ports = {k: free_port() for k in ("p_http", "d_http", "p_side", "d_side", "router")}
+    ports = free_ports("p_http", "d_http", "p_side", "d_side", "router")
     topo = {
         "deployment": "check-e2e",
         "model": {"name": str(model_dir)},

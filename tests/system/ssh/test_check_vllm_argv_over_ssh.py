@@ -14,7 +14,8 @@ import pytest
 
 from pdlaunch.check.results import Status
 from pdlaunch.check.runner import run_check
-from tests.support.check_over_ssh import free_port, opts, plan_of, rows, ssh_of
+from tests.support.check_over_ssh import opts, plan_of, rows, ssh_of
+from tests.support.sshd import free_ports
 
 # A stand-in vLLM distribution: metadata 0.31.0 and the two modules the probe imports; its
 # serve parser is plain argparse that knows every flag but --max-num-seqs.
@@ -59,7 +60,7 @@ def standin_vllm(root: Path, flags: list[str], switches: list[str]) -> Path:
 @pytest.mark.ssh
 def test_check_dry_parses_on_each_node(tmp_path, sshd_hosts, sshd_cluster):
     h0, h1, h2 = sshd_hosts(3)
-    ports = {k: free_port() for k in ("p", "d", "ps", "ds", "r", "m")}
+    ports = free_ports("p", "d", "ps", "ds", "r", "m")
     topo = {
         "deployment": "argv-check",
         "model": {"name": "Qwen/Qwen3-0.6B"},
