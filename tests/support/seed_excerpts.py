@@ -1,6 +1,7 @@
-"""The seed guides' command blocks, copied verbatim into tests/fixtures/seeds/ (the tests never
-read ../shared): each fixture is a header line naming its guide and sha256, then excerpts
-"=== NAME: lines A-B, section ... ===" holding the guide's lines A to B unchanged."""
+"""The seed guides' command blocks, copied verbatim into tests/fixtures/seeds/ (a clone has
+no seed guides beside it, so the tests read only these copies): each fixture is a header line
+naming its guide and sha256, then excerpts "=== NAME: lines A-B, section ... ===" holding the
+guide's lines A to B unchanged."""
 
 from __future__ import annotations
 
