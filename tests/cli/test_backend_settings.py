@@ -28,11 +28,6 @@ def run(*args: object):
     return res
 
 
-@pytest.fixture(autouse=True)
-def state_dir(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("PDLAUNCH_STATE_DIR", str(tmp_path / "state"))
-
-
 def topology(tmp_path: Path, block: dict | None = BLOCK) -> Path:
     spec = yaml.safe_load((ROOT / "topologies" / "gb200-xpyd.yaml").read_text())
     if block is not None:

@@ -28,13 +28,6 @@ def run(*args: str):
     return res
 
 
-@pytest.fixture(autouse=True)
-def state_dir(tmp_path: Path, monkeypatch) -> Path:
-    d = tmp_path / "state"
-    monkeypatch.setenv("PDLAUNCH_STATE_DIR", str(d))
-    return d
-
-
 # Each: the command line (OUT: an output dir that must not appear), the options refused,
 # the backend named.
 REFUSED_CHOSEN = [

@@ -20,13 +20,6 @@ from tests.support.slurm_specs import fake_spec, planned
 PORTS = {"prefill": 18101, "decode": 18102, "side": 18103, "router": 18104, "metrics": 18105}
 
 
-@pytest.fixture(autouse=True)
-def state_dir(tmp_path, monkeypatch) -> Path:
-    d = tmp_path / "state"
-    monkeypatch.setenv("PDLAUNCH_STATE_DIR", str(d))
-    return d
-
-
 def _plan(tmp_path: Path, name: str, hosts=("pd-a", "pd-b")):
     bins = {"vllm": Path("/opt/vllm/bin/vllm"), "router": Path("/opt/router/bin/vllm-router")}
     spec = fake_spec(name, tmp_path / "work", list(hosts), bins, PORTS)

@@ -38,11 +38,6 @@ def opts(**kw) -> UpOptions:
     return UpOptions(**{"timeout": 60.0, "poll_interval": 0.02, "stop_grace": 0.1, **kw})
 
 
-@pytest.fixture(autouse=True)
-def state_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("PDLAUNCH_STATE_DIR", str(tmp_path / "state"))
-
-
 @pytest.fixture
 def fake():
     rt = FakeRuntime()

@@ -15,13 +15,4 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
-
-@pytest.fixture(autouse=True)
-def state_dir(tmp_path, monkeypatch) -> Path:
-    d = tmp_path / "state"
-    monkeypatch.setenv("PDLAUNCH_STATE_DIR", str(d))
-    return d
+from tests.support.deployments import state_dir  # noqa: F401 - fixture
