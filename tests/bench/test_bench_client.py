@@ -18,31 +18,9 @@ from pdlaunch import bench
 from pdlaunch.hosts import Host, LocalHost
 from pdlaunch.load import load
 from pdlaunch.plan import Plan, build_plan
+from tests.support.fake_bench_client import FAKE_VLLM
 
 ROOT = Path(__file__).resolve().parents[2]
-
-# Writes what `vllm bench serve --save-result` writes (the keys parse_result needs), plus what
-# it saw. Its own chatter must not end up in the result.
-FAKE_VLLM = r"""#!/bin/sh
-dir=""; n=0
-for a in "$@"; do
-  if [ "$prev" = "--result-dir" ]; then dir="$a"; fi
-  if [ "$prev" = "--num-prompts" ]; then n="$a"; fi
-  prev="$a"
-done
-echo "fake vllm: $*"
-case "$FAKE_MODE" in
-  fail) echo "boom: the router said no" >&2; exit 3 ;;
-  silent) exit 0 ;;
-  slow) sleep 30 ;;
-esac
-cat > "$dir/bench.json" <<EOF
-{"completed": $n, "failed": 0, "duration": 1.5, "mean_ttft_ms": 10.0, "p99_ttft_ms": 20.0,
- "request_throughput": 2.0, "output_throughput": 30.0, "total_token_throughput": 90.0,
- "seen_offline": "${HF_HUB_OFFLINE-unset}", "seen_proxy": "${http_proxy-unset}",
- "seen_cwd": "$(pwd)", "seen_argv": "$*"}
-EOF
-"""
 
 
 @pytest.fixture
