@@ -24,6 +24,15 @@ decodes' counters are disjoint and their pairs may run in parallel. Another requ
 on the decode meanwhile makes its counters unattributable: the pair is retried with a fresh
 prompt, and reported as unproven if that keeps happening.
 
+A data-parallel engine is one API server in front of several ranks, each with its own NIXL
+agent and side channel (and, across nodes, its own network path): a request through it proves
+only the rank vLLM's load balancer picked. So every rank is a pair end of its own: the request
+is pinned with vLLM's ``X-data-parallel-rank`` header (an index into the ranks the server
+manages: ``_get_data_parallel_rank`` in vllm/entrypoints/openai/engine/serving.py, used by
+``DPLBAsyncMPClient.get_core_engine_for_request`` in vllm/v1/engine/core_client.py), and the
+decode's counters are read for that rank only (its ``engine`` label). That also makes `up` do
+each rank's first NIXL handshake, which users' first requests would otherwise wait for.
+
 The request/verdict logic is here and I/O-light (HTTP through :mod:`pdlaunch.health`); which
 engines to pair, and which doctor findings explain a failure, the callers decide
 (``pdlaunch.runtime.lifecycle.canary`` for ``up``, ``pdlaunch.cli.canary`` for ``pdlaunch canary``).
@@ -70,27 +79,51 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": dict(REMOTE_DECODE)}
 
 
+DP_RANK_HEADER = "X-data-parallel-rank"
+
+
 @dataclass(frozen=True)
 class Engine:
     name: str
     url: str  # base URL: http://host:port
+    # The data-parallel ranks its API server fronts (plan.Process.dp_ranks), in the order
+    # the header counts them; empty (or one): nothing to pin.
+    dp_ranks: tuple[int, ...] = ()
+
+    def ranks(self) -> list[int | None]:
+        """The pair ends it stands for: each DP rank, or itself (None)."""
+        return list(self.dp_ranks) if len(self.dp_ranks) > 1 else [None]
+
+    def headers(self, rank: int | None) -> dict[str, str]:
+        return {} if rank is None else {DP_RANK_HEADER: str(self.dp_ranks.index(rank))}
 
 
 class _HasHealth(Protocol):
     name: str
     role: str
     health_url: str | None
+    dp_ranks: Sequence[int]
 
 
 def engines(processes: Iterable[_HasHealth], role: str) -> list[Engine]:
     """The engines of ``role`` that serve HTTP (plan processes or recorded ones)."""
     return [
-        Engine(p.name, base_url(p.health_url)) for p in processes if p.role == role and p.health_url
+        Engine(p.name, base_url(p.health_url), tuple(p.dp_ranks))
+        for p in processes
+        if p.role == role and p.health_url
     ]
+
+
+def end_name(name: str, rank: int | None) -> str:
+    return name if rank is None else f"{name} (DP rank {rank})"
 
 
 def pair_name(prefill: str, decode: str) -> str:
     return f"{prefill} {ARROW} {decode}"
+
+
+def pair_count(prefills: Sequence[Engine], decodes: Sequence[Engine]) -> int:
+    return sum(len(p.ranks()) for p in prefills) * sum(len(d.ranks()) for d in decodes)
 
 
 @dataclass
@@ -104,10 +137,14 @@ class PairResult:
     delta: Counters | None = None
     attempts: int = 1
     findings: list[str] = field(default_factory=list)  # doctor's, for a failed pair
+    prefill_rank: int | None = None  # the DP rank the requests were pinned to
+    decode_rank: int | None = None
 
     @property
     def pair(self) -> str:
-        return pair_name(self.prefill, self.decode)
+        return pair_name(
+            end_name(self.prefill, self.prefill_rank), end_name(self.decode, self.decode_rank)
+        )
 
     def describe(self) -> str:
         text = f"{self.pair}: {self.message}"
@@ -121,6 +158,8 @@ class PairResult:
             "pair": self.pair,
             "prefill": self.prefill,
             "decode": self.decode,
+            "prefill_dp_rank": self.prefill_rank,
+            "decode_dp_rank": self.decode_rank,
             "ok": self.ok,
             "message": self.message,
             "latency_s": self.latency_s,
@@ -188,9 +227,15 @@ class PairError(Exception):
     """A request of the pair could not be made or was refused; the message names which."""
 
 
-def _post(url: str, body: dict[str, Any], timeout: float, what: str) -> dict[str, Any]:
+def _post(
+    url: str,
+    body: dict[str, Any],
+    timeout: float,
+    what: str,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
     try:
-        status, resp = post_json(url, body, timeout)
+        status, resp = post_json(url, body, timeout, headers=headers)
     except OSError as exc:
         # "canary request ... timed out": what tests/support/engines.py retries `up` on
         raise PairError(f"canary request to {what} failed: {exc}") from None
@@ -199,19 +244,31 @@ def _post(url: str, body: dict[str, Any], timeout: float, what: str) -> dict[str
     return resp
 
 
-def _counters(engine: Engine, timeout: float) -> Counters:
+def _metrics(engine: Engine, timeout: float) -> str:
     try:
-        return Counters.parse(get_text(engine.url + "/metrics", timeout))
+        return get_text(engine.url + "/metrics", timeout)
     except OSError as exc:
         raise PairError(f"cannot read {engine.name}'s /metrics: {exc}") from None
 
 
 def direct_pd(
-    prefill: Engine, decode: Engine, body: dict[str, Any], timeout: float
+    prefill: Engine,
+    decode: Engine,
+    body: dict[str, Any],
+    timeout: float,
+    prefill_rank: int | None = None,
+    decode_rank: int | None = None,
 ) -> dict[str, Any]:
     """One request through the pair, without the router: prefill with ``do_remote_decode``,
-    then decode with the ``kv_transfer_params`` prefill returned. Decode's answer."""
-    pre = _post(prefill.url + "/v1/completions", prefill_body(body), timeout, prefill.name)
+    then decode with the ``kv_transfer_params`` prefill returned, each pinned to its DP rank
+    when one is given. Decode's answer."""
+    pre = _post(
+        prefill.url + "/v1/completions",
+        prefill_body(body),
+        timeout,
+        end_name(prefill.name, prefill_rank),
+        prefill.headers(prefill_rank),
+    )
     params = pre.get("kv_transfer_params")
     if not isinstance(params, dict) or not params.get("remote_block_ids"):
         raise PairError(
@@ -222,8 +279,26 @@ def direct_pd(
         decode.url + "/v1/completions",
         {**body, "kv_transfer_params": params},
         timeout,
-        decode.name,
+        end_name(decode.name, decode_rank),
+        decode.headers(decode_rank),
     )
+
+
+def rank_delta(before: str, after: str, rank: int | None) -> tuple[Counters, str]:
+    """Decode's counter deltas between two /metrics pages, for the canary: the pinned rank's
+    (failures from the whole page, in case a release counts them without the rank label), or
+    the whole page's. The note is set when the request ran on another rank than the one
+    pinned: a release that does not read the header; the engine is then judged as a whole."""
+    whole = Counters.parse(after) - Counters.parse(before)
+    if rank is None:
+        return whole, ""
+    mine = Counters.parse(after, str(rank)) - Counters.parse(before, str(rank))
+    if mine.requests == 0 and mine.local + mine.external == 0 and whole.local + whole.external:
+        return whole, (
+            f"DP rank {rank} not proven on its own: vLLM ran the request on another rank "
+            f"(it does not read {DP_RANK_HEADER}); "
+        )
+    return Counters(mine.requests, mine.local, mine.external, whole.failed, whole.expired), ""
 
 
 def check_pair(
@@ -235,8 +310,12 @@ def check_pair(
     settle: float = 5.0,
     min_prompt_tokens: int = 0,
     attempts: int = ATTEMPTS,
+    prefill_rank: int | None = None,
+    decode_rank: int | None = None,
 ) -> PairResult:
-    """Prove one pair (see the module docstring). Never raises for what an engine answers."""
+    """Prove one pair (see the module docstring), each end pinned to its DP rank when one is
+    given. Never raises for what an engine answers."""
+    ends = {"prefill_rank": prefill_rank, "decode_rank": decode_rank}
     for attempt in range(1, attempts + 1):
         body = {
             "model": model,
@@ -246,15 +325,22 @@ def check_pair(
         }
         t0 = time.monotonic()
         try:
-            before = _counters(decode, min(timeout, 30.0))
-            resp = direct_pd(prefill, decode, body, timeout)
+            before = _metrics(decode, min(timeout, 30.0))
+            resp = direct_pd(prefill, decode, body, timeout, prefill_rank, decode_rank)
             latency = time.monotonic() - t0
             usage = resp.get("usage")
             prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-            delta = _settled(decode, before, prompt_tokens, timeout, settle)
-            alone = _post(prefill.url + "/v1/completions", body, timeout, f"{prefill.name} alone")
+            after = _settled(decode, before, prompt_tokens, timeout, settle)
+            alone = _post(
+                prefill.url + "/v1/completions",
+                body,
+                timeout,
+                f"{end_name(prefill.name, prefill_rank)} alone",
+                prefill.headers(prefill_rank),
+            )
         except PairError as exc:
-            return PairResult(prefill.name, decode.name, False, str(exc), attempts=attempt)
+            return PairResult(prefill.name, decode.name, False, str(exc), attempts=attempt, **ends)
+        delta, note = rank_delta(before, after, decode_rank)
         ok, message = judge(
             prompt_tokens, delta, completion_text(resp) or "", completion_text(alone) or ""
         )
@@ -262,11 +348,12 @@ def check_pair(
             prefill.name,
             decode.name,
             bool(ok),
-            message if ok is not None else f"not proven: {message}",
+            note + (message if ok is not None else f"not proven: {message}"),
             round(latency, 3),
             prompt_tokens if isinstance(prompt_tokens, int) else None,
             delta,
             attempt,
+            **ends,
         )
         if ok is not None:
             return result
@@ -274,16 +361,18 @@ def check_pair(
 
 
 def _settled(
-    decode: Engine, before: Counters, prompt_tokens: object, timeout: float, settle: float
-) -> Counters:
-    """Decode's counter deltas once its stats for the request are in (vLLM may update them
-    just after answering): every prompt token accounted for, or ``settle`` s passed."""
+    decode: Engine, before: str, prompt_tokens: object, timeout: float, settle: float
+) -> str:
+    """Decode's /metrics once its stats for the request are in (vLLM may update them just
+    after answering): every prompt token accounted for, or ``settle`` s passed."""
     deadline = time.monotonic() + settle
+    start = Counters.parse(before)
     while True:
-        delta = _counters(decode, min(timeout, 30.0)) - before
+        page = _metrics(decode, min(timeout, 30.0))
+        delta = Counters.parse(page) - start
         done = isinstance(prompt_tokens, int) and delta.local + delta.external >= prompt_tokens
         if done or time.monotonic() > deadline:
-            return delta
+            return page
         time.sleep(0.1)
 
 
@@ -298,38 +387,43 @@ def iter_pairs(
     min_prompt_tokens: int = 0,
     parallel: bool = True,
 ) -> Iterator[PairResult]:
-    """Every (prefill, decode) pair, each yielded as it finishes, so the caller reports
-    progress in its own thread, without handing this module a callback. A decode's pairs run
-    in turn (its counters are per engine); with ``parallel``, the decodes run at once."""
+    """Every (prefill, decode) pair, a DP engine's ranks each an end of its own, each yielded
+    as it finishes, so the caller reports progress in its own thread, without handing this
+    module a callback. A decode's pairs run in turn (its counters are per engine); with
+    ``parallel``, the decodes run at once."""
 
-    def one(prefill: Engine, decode: Engine) -> PairResult:
-        return check_pair(
-            prefill,
-            decode,
-            model,
-            timeout=timeout,
-            settle=settle,
-            min_prompt_tokens=min_prompt_tokens,
-        )
+    def of_decode(decode: Engine) -> Iterator[PairResult]:
+        for decode_rank in decode.ranks():
+            for prefill in prefills:
+                for prefill_rank in prefill.ranks():
+                    yield check_pair(
+                        prefill,
+                        decode,
+                        model,
+                        timeout=timeout,
+                        settle=settle,
+                        min_prompt_tokens=min_prompt_tokens,
+                        prefill_rank=prefill_rank,
+                        decode_rank=decode_rank,
+                    )
 
     if not parallel or len(decodes) <= 1:
         for decode in decodes:
-            for prefill in prefills:
-                yield one(prefill, decode)
+            yield from of_decode(decode)
         return
     finished: queue.Queue[PairResult | BaseException] = queue.Queue()
 
     def one_decode(decode: Engine) -> None:
         try:
-            for prefill in prefills:
-                finished.put(one(prefill, decode))
+            for result in of_decode(decode):
+                finished.put(result)
         except BaseException as exc:  # handed to the caller's thread, raised there
             finished.put(exc)
 
     with ThreadPoolExecutor(max_workers=len(decodes)) as pool:
         for decode in decodes:
             pool.submit(one_decode, decode)
-        for _ in range(len(prefills) * len(decodes)):
+        for _ in range(pair_count(prefills, decodes)):
             item = finished.get()
             if isinstance(item, BaseException):
                 raise item
@@ -350,9 +444,16 @@ def check_pairs(
 def in_pair_order(
     results: Iterable[PairResult], prefills: Sequence[Engine], decodes: Sequence[Engine]
 ) -> list[PairResult]:
-    """``results`` (as :func:`iter_pairs` yielded them) in (prefill, decode) order."""
-    by_pair = {(r.prefill, r.decode): r for r in results}
-    return [by_pair[(p.name, d.name)] for p in prefills for d in decodes]
+    """``results`` (as :func:`iter_pairs` yielded them) in (prefill, decode) order, a DP
+    engine's ranks in rank order."""
+    by_pair = {(r.prefill, r.prefill_rank, r.decode, r.decode_rank): r for r in results}
+    return [
+        by_pair[(p.name, pr, d.name, dr)]
+        for p in prefills
+        for pr in p.ranks()
+        for d in decodes
+        for dr in d.ranks()
+    ]
 
 
 class _Finding(Protocol):

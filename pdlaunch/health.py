@@ -78,16 +78,20 @@ def get_text(url: str, timeout: float = 5.0, max_bytes: int = httpclient.METRICS
 
 
 def post_json(
-    url: str, body: dict, timeout: float = 60.0, max_bytes: int = httpclient.JSON_MAX_BYTES
+    url: str,
+    body: dict,
+    timeout: float = 60.0,
+    max_bytes: int = httpclient.JSON_MAX_BYTES,
+    headers: dict[str, str] | None = None,
 ) -> tuple[int, dict | str]:
-    """POST JSON; returns (status, parsed JSON or raw text: an answer that is not JSON is
-    returned as text for the caller to report). Raises :class:`HttpError` (an ``OSError``)
-    on no answer within ``timeout``."""
+    """POST JSON (with ``headers`` besides its content type); returns (status, parsed JSON or
+    raw text: an answer that is not JSON is returned as text for the caller to report).
+    Raises :class:`HttpError` (an ``OSError``) on no answer within ``timeout``."""
     resp = httpclient.request(
         url,
         method="POST",
         body=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
+        headers={**(headers or {}), "Content-Type": "application/json"},
         timeout=timeout,
         max_bytes=max_bytes,
     )

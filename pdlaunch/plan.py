@@ -68,6 +68,10 @@ class Process(Frozen):
     ports: list[PlannedPort]
     health_url: str | None
     devices: list[int]
+    # The data-parallel ranks whose requests this process's API server takes, in the order
+    # vLLM's X-data-parallel-rank header counts them (vllm/v1/engine/core_client.py: the
+    # header is an index into the ranks the server manages); empty: it fronts one engine.
+    dp_ranks: list[int] = []
     # Typed facts for consumers (check, launch), so none re-parses argv or env names.
     device: DeviceKind | None = None  # None: the router
     plugin: str | None = None  # the plugin profile the node runs (plugins.py)
@@ -426,12 +430,24 @@ def _node_process(topo: Topology, node: Node, bases: dict, mooncake: dict) -> Pr
         ports=ports,
         health_url=health,
         devices=devices,
+        dp_ranks=_dp_ranks(node),
         work_dir=work_dir,
         container=container_spec(
             topo, inst.container, inst.device, node.name, node.role, _run_dir(work_dir)
         ),
         **_paths(work_dir, node.name),
     )
+
+
+def _dp_ranks(node: Node) -> list[int]:
+    """The ranks ``node``'s API server manages: all of them (internal load balancing, only
+    the master serves HTTP), or its own (--data-parallel-hybrid-lb)."""
+    dp = node.instance.dp
+    if dp.size <= 1 or not node.serves_http:
+        return []
+    if dp.hybrid_lb:
+        return list(range(node.start_rank, node.start_rank + node.local_size))
+    return list(range(dp.size))
 
 
 def router_urls(topo: Topology, role: str) -> list[str]:

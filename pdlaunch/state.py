@@ -77,6 +77,8 @@ class ProcessState:
     # Its container (topology `container:`, docker/podman): runtime, name, cid_path,
     # deployment, process (pdlaunch.hosts.containers.ContainerRef); None: a host process.
     container: dict[str, str] | None = None
+    # The DP ranks its API server fronts (plan.Process.dp_ranks): the canary proves each.
+    dp_ranks: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -168,9 +170,7 @@ def validation_message(
     return f"{where + ': ' if where else ''}{msg}, found {found}"
 
 
-def check_own_path(
-    what: str, path: str, work_dir: str, deployment: str, *parts: str
-) -> None:
+def check_own_path(what: str, path: str, work_dir: str, deployment: str, *parts: str) -> None:
     """A path a record names for pdlaunch to write or delete must be the one the plan gives
     it in the deployment's own work dir (``<base>/<deployment>/<parts>``): a record edited to
     name another file must not make `down` delete it. ValueError saying so otherwise."""

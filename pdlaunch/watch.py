@@ -45,13 +45,19 @@ class Counters:
     expired: float = 0.0
 
     @classmethod
-    def parse(cls, text: str) -> Counters:
+    def parse(cls, text: str, engine: str | None = None) -> Counters:
+        """The counters of every engine on the page, or of the one whose ``engine`` label
+        (vLLM's data-parallel rank) is ``engine``."""
+        only = {} if engine is None else {"engine": engine}
         return cls(
-            requests=_counter(text, REQUESTS),
-            local=metric_sum(text, PROMPT_TOKENS_BY_SOURCE, source="local_compute"),
-            external=metric_sum(text, PROMPT_TOKENS_BY_SOURCE, source="external_kv_transfer"),
-            failed=_counter(text, FAILED_TRANSFERS) + _counter(text, FAILED_NOTIFICATIONS),
-            expired=_counter(text, EXPIRED),
+            requests=_counter(text, REQUESTS, **only),
+            local=metric_sum(text, PROMPT_TOKENS_BY_SOURCE, source="local_compute", **only),
+            external=metric_sum(
+                text, PROMPT_TOKENS_BY_SOURCE, source="external_kv_transfer", **only
+            ),
+            failed=_counter(text, FAILED_TRANSFERS, **only)
+            + _counter(text, FAILED_NOTIFICATIONS, **only),
+            expired=_counter(text, EXPIRED, **only),
         )
 
     def __sub__(self, other: Counters) -> Counters:

@@ -69,8 +69,10 @@ class OtherBackendError(RecordError):
 
     def refusal(self) -> str:
         """Why `up` on the other backend is refused."""
-        return f"deployment {self.deployment!r} has {self.what}: `pdlaunch down " \
+        return (
+            f"deployment {self.deployment!r} has {self.what}: `pdlaunch down "
             f"{self.deployment}` first"
+        )
 
 
 class _Model(BaseModel):
@@ -132,6 +134,8 @@ class RecordedProcess(_Model):
     start_time: int | None = None  # /proc/PID/stat starttime (SSH), against pid reuse
     health_url: str | None = None  # where it answers health, once placed
     metrics_url: str | None = None  # where it serves Prometheus text, once placed
+    # The DP ranks its API server fronts (plan.Process.dp_ranks); empty: one engine.
+    dp_ranks: list[int] = []
     handle: ProcessHandle
 
     @property
@@ -271,6 +275,7 @@ def from_state(state: DeploymentState, source: str = "") -> Record:
             start_time=p.start_time,
             health_url=p.health_url,
             metrics_url=metrics_url_of(p.role, p.health_url, metrics_port(p.ports)),
+            dp_ranks=list(p.dp_ranks),
             handle=SshProcessHandle(
                 local=p.local,
                 ssh=Ssh.model_validate(p.ssh),
@@ -326,6 +331,7 @@ def to_state(rec: Record) -> DeploymentState:
             "script_hash": ph.script_hash, "pid": p.pid, "start_time": p.start_time,
             "started_at": ph.started_at,
             "container": ph.container.model_dump() if ph.container else None,
+            "dp_ranks": p.dp_ranks,
         })  # fmt: skip
     data = {
         "deployment": rec.deployment, "topology": h.topology, "scripts_hash": h.scripts_hash,

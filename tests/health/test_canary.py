@@ -56,6 +56,7 @@ class Served:
     engine: FakeEngine
     url: str
     posts: list[dict]
+    rank_headers: list[str | None]  # each POST's X-data-parallel-rank
 
 
 @contextlib.contextmanager
@@ -63,6 +64,7 @@ def serve(engine: FakeEngine, extra_requests: int = 0) -> Iterator[Served]:
     """``engine`` on a loopback port. ``extra_requests``: that many first completions each
     also count one request of somebody else (a busy decode)."""
     posts: list[dict] = []
+    rank_headers: list[str | None] = []
     busy = [extra_requests]
 
     class Handler(BaseHTTPRequestHandler):
@@ -82,11 +84,13 @@ def serve(engine: FakeEngine, extra_requests: int = 0) -> Iterator[Served]:
         def do_POST(self) -> None:
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             posts.append(json.loads(raw))
-            reply = engine.post(self.path, raw)
+            header = self.headers.get("X-data-parallel-rank")
+            rank_headers.append(header)
+            reply = engine.post(self.path, raw, header)
             if busy[0] > 0:
                 busy[0] -= 1
                 with engine.lock:
-                    engine.requests += 1
+                    engine.requests_of[engine.ranks[0]] += 1
                     engine.tokens["external_kv_transfer"] += 40
             self._reply(*reply)
 
@@ -95,14 +99,14 @@ def serve(engine: FakeEngine, extra_requests: int = 0) -> Iterator[Served]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield Served(engine, f"http://127.0.0.1:{engine.port}", posts)
+        yield Served(engine, f"http://127.0.0.1:{engine.port}", posts, rank_headers)
     finally:
         server.shutdown()
         server.server_close()
 
 
-def fake(no_kv: bool = False, corrupt: bool = False) -> FakeEngine:
-    e = FakeEngine(MODEL, "127.0.0.1", 0, no_kv=no_kv, unhealthy=False)
+def fake(no_kv: bool = False, corrupt: bool = False, ranks: list[int] | None = None) -> FakeEngine:
+    e = FakeEngine(MODEL, "127.0.0.1", 0, no_kv=no_kv, unhealthy=False, ranks=ranks)
     e.corrupt_kv = corrupt
     return e
 
@@ -187,6 +191,70 @@ def test_a_busy_decode_is_retried_with_a_fresh_prompt() -> None:
             timeout=10, settle=0.2, attempts=2,
         )  # fmt: skip
         assert not r.ok and r.message.startswith("not proven: ") and r.attempts == 2
+
+
+# -- data-parallel engines: every rank an end of its own -------------------------------------------
+def test_each_decode_dp_rank_is_pinned_and_proven_and_the_broken_rank_named() -> None:
+    decode = fake(ranks=[0, 1])
+    decode.no_kv_ranks = {1}  # rank 1 cannot reach prefill's KV: it recomputes
+    with serve(fake()) as p0, serve(decode) as d:
+        prefills = [canary.Engine("prefill-0", p0.url)]
+        decodes = [canary.Engine("decode-0", d.url, (0, 1))]
+        assert canary.pair_count(prefills, decodes) == 2
+        results = canary.in_pair_order(
+            canary.iter_pairs(prefills, decodes, MODEL, timeout=10, settle=0.5),
+            prefills,
+            decodes,
+        )
+    assert [(r.pair, r.ok) for r in results] == [
+        ("prefill-0 → decode-0 (DP rank 0)", True),
+        ("prefill-0 → decode-0 (DP rank 1)", False),
+    ]
+    assert "the KV did not move" in results[1].message, results[1].message
+    # judged on the rank's own counters: rank 0's KV is not credited to rank 1
+    assert results[0].delta.external > 0 and results[1].delta.external == 0
+    assert [r.to_dict()["decode_dp_rank"] for r in results] == [0, 1]
+    assert d.rank_headers == ["0", "1"]  # each decode request pinned; prefill's not
+    assert set(p0.rank_headers) == {None}
+
+
+def test_each_prefill_dp_rank_hands_out_its_own_kv() -> None:
+    # hybrid load balancing: this API server fronts global ranks 2 and 3, header index 0, 1
+    with serve(fake(ranks=[2, 3])) as p, serve(fake()) as d:
+        prefills = [canary.Engine("prefill-0-node1", p.url, (2, 3))]
+        decodes = [canary.Engine("decode-0", d.url)]
+        results = canary.check_pairs(prefills, decodes, MODEL, timeout=10, settle=0.5)
+    assert [(r.pair, r.ok) for r in results] == [
+        ("prefill-0-node1 (DP rank 2) → decode-0", True),
+        ("prefill-0-node1 (DP rank 3) → decode-0", True),
+    ], results
+    # decode pulled from each prefill rank's own engine, and prefill alone ran on it too
+    pulled = [x["kv_transfer_params"]["remote_engine_id"] for x in d.posts]
+    assert pulled == [f"fake-{p.engine.port}-dp2", f"fake-{p.engine.port}-dp3"]
+    assert p.rank_headers == ["0", "0", "1", "1"]
+
+
+def test_a_release_that_ignores_the_rank_header_is_judged_as_one_engine() -> None:
+    decode = fake(ranks=[0, 1])
+    decode.ignore_rank_header = True
+    decode.next_rank = 1  # its own balancer picks rank 1 for the request pinned to rank 0
+    with serve(fake()) as p0, serve(decode) as d:
+        r = canary.check_pair(
+            canary.Engine("prefill-0", p0.url), canary.Engine("decode-0", d.url, (0, 1)), MODEL,
+            timeout=10, settle=0.5, decode_rank=0,
+        )  # fmt: skip
+    assert r.ok, r
+    assert r.message.startswith("DP rank 0 not proven on its own: vLLM ran the request on"), r
+    assert "KV moved" in r.message and r.delta.external > 0
+
+
+def test_a_rank_out_of_the_servers_range_is_refused_by_the_engine() -> None:
+    with serve(fake()) as p0, serve(fake(ranks=[0, 1])) as d:
+        r = canary.check_pair(
+            canary.Engine("prefill-0", p0.url), canary.Engine("decode-0", d.url, (0, 1, 2)),
+            MODEL, timeout=10, settle=0.5, decode_rank=2,
+        )  # fmt: skip
+    assert not r.ok and "decode-0 (DP rank 2) answered HTTP 400" in r.message, r
 
 
 @dataclass

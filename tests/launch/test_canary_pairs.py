@@ -95,3 +95,41 @@ def test_canary_command_on_a_running_deployment_with_a_broken_pair(make_deployme
     assert "2 of 4 pair(s) failed" in res.output and "not tried" in res.output
     assert cli("down", dep.path).exit_code == 0
     assert wait_no_procs(dep.work_root) == []
+
+
+def dp_decode(make_deployment, name: str, decode_env: dict | None = None):
+    """1 prefill, 1 decode with data parallel 2 on one host: one API server, two ranks."""
+    dep = make_deployment(name, decode_env=decode_env)
+    dep.spec["decode"][0]["dp"] = {"size": 2}
+    dep.write()
+    return dep
+
+
+def test_up_proves_each_dp_rank_of_a_decode_and_canary_command_agrees(make_deployment):
+    dep = dp_decode(make_deployment, "dpranks")
+    res = cli("up", dep.path, "--timeout", "120", "--json")
+    assert res.exit_code == 0, res.output
+    pairs = json.loads(res.stdout)["canary"]["pairs"]
+    assert [(p["pair"], p["ok"]) for p in pairs] == [
+        ("prefill-0 → decode-0 (DP rank 0)", True),
+        ("prefill-0 → decode-0 (DP rank 1)", True),
+    ], pairs
+    # the recorded deployment knows the ranks too: `pdlaunch canary` pins the same two
+    res = cli("canary", dep.path, "--json", "--no-router")
+    assert res.exit_code == 0, res.output
+    assert [p["decode_dp_rank"] for p in json.loads(res.stdout)["pairs"]] == [0, 1]
+    assert cli("down", dep.path).exit_code == 0
+    assert wait_no_procs(dep.work_root) == []
+
+
+def test_up_names_the_dp_rank_that_cannot_move_kv_and_rolls_back(make_deployment):
+    # rank 1 recomputes every prompt; unpinned, a canary lands on rank 0 half the time
+    dep = dp_decode(make_deployment, "dprankbroken", {"FAKE_VLLM_NO_KV_RANKS": "1"})
+    res = cli("up", dep.path, "--timeout", "120")
+    assert res.exit_code == 1, res.output
+    out = " ".join(res.output.split())
+    assert "canary failed: 1 of 2 prefill → decode pair(s) failed" in out, out
+    assert "prefill-0 → decode-0 (DP rank 1): the KV did not move" in out, out
+    assert "rolled back" in out
+    assert wait_no_procs(dep.work_root) == []
+    assert load_state("dprankbroken") is None

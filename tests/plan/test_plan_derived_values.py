@@ -144,6 +144,26 @@ def test_gb200_nodes_ranks_and_ports():
     assert "HF_TOKEN" not in worker.env
 
 
+def test_each_api_server_knows_the_dp_ranks_it_fronts():
+    # hybrid load balancing (gb200-xpyd): each node's API server takes its own 4 ranks
+    plan = plan_of("gb200-xpyd.yaml")
+    ranks = {p.name: p.dp_ranks for p in plan.processes}
+    assert ranks["prefill-0-node0"] == [0, 1, 2, 3]
+    assert ranks["prefill-0-node1"] == [4, 5, 6, 7]
+    assert ranks["router"] == []
+    # internal load balancing: the master's server takes every rank, the other node is
+    # headless (no API server, nothing to pin)
+    text = (ROOT / "topologies" / "gb200-xpyd.yaml").read_text()
+    assert text.count("hybrid_lb: true") == 3
+    topo, _ = load_text(text.replace("hybrid_lb: true", "hybrid_lb: false"), "gb200-internal-lb")
+    plan = build_plan(topo)
+    ranks = {p.name: p.dp_ranks for p in plan.processes}
+    assert ranks["decode-0-node0"] == list(range(8)) and ranks["decode-0-node1"] == []
+    assert plan.by_role("decode")[1].health_url is None
+    # no data parallel: one engine
+    assert all(p.dp_ranks == [] for p in plan_of("local-cpu.yaml").processes)
+
+
 def test_ascend_mooncake_config():
     plan = plan_of("ascend-mooncake-tp2.yaml")
     p, d = plan.by_role("prefill")[0], plan.by_role("decode")[0]

@@ -16,6 +16,13 @@ It emulates what a disaggregated P/D pair exposes, so the canary can be tested f
 
 Counters are exposed as ``vllm:prompt_tokens_by_source_total{engine,model_name,source}``.
 
+Data parallel as vLLM serves it without an external load balancer: ``--data-parallel-size N``
+makes one API server in front of ranks 0..N-1 (``--data-parallel-hybrid-lb``: its own
+``--data-parallel-size-local`` ranks from ``--data-parallel-start-rank``), counters per rank
+(label ``engine``), the ``X-data-parallel-rank`` header an index into those ranks (HTTP 400
+out of range, as vLLM's input processor), round robin without it. A prefilling rank hands out
+its side channel port plus its rank, as vLLM does.
+
 Behaviour is set by environment variables (topologies set them per instance via ``env``):
 
 ``FAKE_VLLM_MODE``      ``ok`` (default) | ``exit`` (exit 3 at start) | ``hang`` (never listen)
@@ -30,6 +37,9 @@ Behaviour is set by environment variables (topologies set them per instance via 
                         handshake with it fail (tests/system/engines/test_cpu_pd.py)
 ``FAKE_VLLM_REQUIRE_ENV``  comma-separated variable names that must be set (exit 4 otherwise);
                         only the names are ever printed, never the values
+``FAKE_VLLM_NO_KV_RANKS``  comma-separated DP ranks that behave as ``no_kv`` (a rank that
+                        cannot reach the other side's KV: vLLM recomputes)
+``FAKE_VLLM_IGNORE_DP_RANK_HEADER``  ``1``: ignore ``X-data-parallel-rank`` (round robin)
 ``FAKE_VLLM_CHILDREN``  start that many child processes (``sleep``) in the engine's process
                         group, holding its log as stdout, as vLLM's EngineCore and workers do
 """
@@ -56,7 +66,15 @@ def log(msg: str) -> None:
 
 
 class Engine:
-    def __init__(self, model: str, host: str, port: int, no_kv: bool, unhealthy: bool):
+    def __init__(
+        self,
+        model: str,
+        host: str,
+        port: int,
+        no_kv: bool,
+        unhealthy: bool,
+        ranks: list[int] | None = None,
+    ):
         self.model = model
         self.host = host
         self.port = port
@@ -64,10 +82,25 @@ class Engine:
         self.corrupt_kv = os.environ.get("FAKE_VLLM_MODE") == "corrupt_kv"
         self.partial_kv = os.environ.get("FAKE_VLLM_MODE") == "partial_kv"
         self.unhealthy = unhealthy
+        self.ranks = ranks or [0]
+        self.no_kv_ranks = {
+            int(r) for r in os.environ.get("FAKE_VLLM_NO_KV_RANKS", "").split(",") if r.strip()
+        }
+        self.ignore_rank_header = os.environ.get("FAKE_VLLM_IGNORE_DP_RANK_HEADER") == "1"
         self.lock = threading.Lock()
-        self.tokens = dict.fromkeys(SOURCES, 0)
-        self.requests = 0
+        self.tokens_of = {r: dict.fromkeys(SOURCES, 0) for r in self.ranks}
+        self.requests_of = dict.fromkeys(self.ranks, 0)
+        self.next_rank = 0  # round robin without the header
         self.next_block = 0
+
+    @property
+    def tokens(self) -> dict[str, int]:
+        """The first rank's token counters (the only rank without data parallel)."""
+        return self.tokens_of[self.ranks[0]]
+
+    @property
+    def requests(self) -> int:
+        return sum(self.requests_of.values())
 
     def metrics(self) -> str:
         lines = [
@@ -75,18 +108,29 @@ class Engine:
             "# TYPE vllm:prompt_tokens_by_source_total counter",
         ]
         with self.lock:
-            for src in SOURCES:
+            for rank in self.ranks:
+                for src in SOURCES:
+                    lines.append(
+                        "vllm:prompt_tokens_by_source_total"
+                        f'{{engine="{rank}",model_name="{self.model}",source="{src}"}} '
+                        f"{float(self.tokens_of[rank][src])}"
+                    )
+            lines.append("# TYPE vllm:request_success_total counter")
+            for rank in self.ranks:
                 lines.append(
-                    "vllm:prompt_tokens_by_source_total"
-                    f'{{engine="0",model_name="{self.model}",source="{src}"}} '
-                    f"{float(self.tokens[src])}"
+                    f'vllm:request_success_total{{engine="{rank}",finished_reason="length",'
+                    f'model_name="{self.model}"}} {float(self.requests_of[rank])}'
                 )
-            lines += [
-                "# TYPE vllm:request_success_total counter",
-                f'vllm:request_success_total{{engine="0",finished_reason="length",'
-                f'model_name="{self.model}"}} {float(self.requests)}',
-            ]
         return "\n".join(lines) + "\n"
+
+    def _rank(self, header: str | None) -> int | None:
+        """The rank a request runs on (None: the header is out of range)."""
+        if header is None or self.ignore_rank_header:
+            with self.lock:
+                self.next_rank = (self.next_rank + 1) % len(self.ranks)
+                return self.ranks[self.next_rank - 1]
+        index = int(header)
+        return self.ranks[index] if 0 <= index < len(self.ranks) else None
 
     def get(self, path: str) -> tuple[int, str, bytes]:
         if path == "/health":
@@ -105,11 +149,14 @@ class Engine:
             return _json(200, {"version": "0.0.0-fake"})
         return _json(404, {"error": f"no route {path}"})
 
-    def post(self, path: str, raw: bytes) -> tuple[int, str, bytes]:
+    def post(self, path: str, raw: bytes, rank_header: str | None = None) -> tuple[int, str, bytes]:
         try:
             req = json.loads(raw or b"{}")
+            rank = self._rank(rank_header)
         except ValueError:
-            return _json(400, {"error": "bad json"})
+            return _json(400, {"error": "bad json or rank header"})
+        if rank is None:
+            return _json(400, {"error": f"data_parallel_rank {rank_header} is out of range"})
         if path not in ("/v1/completions", "/v1/chat/completions"):
             return _json(404, {"error": f"no route {path}"})
         if req.get("model") not in (None, self.model):
@@ -121,12 +168,15 @@ class Engine:
             if isinstance(prompt, list):
                 prompt = " ".join(map(str, prompt))
         n = max(1, len(str(prompt).split()))
-        kv = {} if self.no_kv else (req.get("kv_transfer_params") or {})
+        no_kv = self.no_kv or rank in self.no_kv_ranks
+        kv = {} if no_kv else (req.get("kv_transfer_params") or {})
+        multi = len(self.ranks) > 1
+        tokens = self.tokens_of[rank]
         out_kv = None
         with self.lock:
-            self.requests += 1
+            self.requests_of[rank] += 1
             if kv.get("do_remote_decode"):  # prefill for a remote decode
-                self.tokens["local_compute"] += n
+                tokens["local_compute"] += n
                 blocks = list(range(self.next_block, self.next_block + max(1, n // 16)))
                 self.next_block += len(blocks)
                 out_kv = {
@@ -135,20 +185,21 @@ class Engine:
                     # one list per KV cache group, as vLLM 0.32 returns them (a real decode
                     # handed a flat list fails in its own failure logging and never answers)
                     "remote_block_ids": [blocks],
-                    "remote_engine_id": f"fake-{self.port}",
+                    "remote_engine_id": f"fake-{self.port}" + (f"-dp{rank}" if multi else ""),
                     "remote_request_id": f"cmpl-fake-{self.requests}",
                     "remote_host": self.host,
-                    "remote_port": int(os.environ.get("FAKE_VLLM_SIDE_CHANNEL_PORT") or self.port),
+                    "remote_port": int(os.environ.get("FAKE_VLLM_SIDE_CHANNEL_PORT") or self.port)
+                    + (rank if multi else 0),
                     "tp_size": 1,
                 }
                 max_tokens = 1
             elif kv.get("remote_block_ids") is not None:  # decode of a remote prefill
                 loaded = n // 2 if self.partial_kv else n - 1
-                self.tokens["external_kv_transfer"] += loaded
-                self.tokens["local_compute"] += n - loaded
+                tokens["external_kv_transfer"] += loaded
+                tokens["local_compute"] += n - loaded
                 max_tokens = int(req.get("max_tokens") or 16)
             else:
-                self.tokens["local_compute"] += n
+                tokens["local_compute"] += n
                 max_tokens = int(req.get("max_tokens") or 16)
             count = self.requests
         word = " tok"
@@ -208,7 +259,7 @@ def _handle(conn: socket.socket, engine: Engine) -> None:
             body += chunk
         path = target.split("?", 1)[0]
         if method == "POST":
-            code, ctype, out = engine.post(path, body[:length])
+            code, ctype, out = engine.post(path, body[:length], headers.get("x-data-parallel-rank"))
         else:
             code, ctype, out = engine.get(path)
         log(f"{method} {path} -> {code}")
@@ -230,6 +281,14 @@ def _option(argv: list[str], name: str, default: str | None = None) -> str | Non
         if a.startswith(name + "="):
             return a.split("=", 1)[1]
     return default
+
+
+def _dp_ranks(argv: list[str]) -> list[int]:
+    size = int(_option(argv, "--data-parallel-size", "1") or 1)
+    if "--data-parallel-hybrid-lb" not in argv:
+        return list(range(size))
+    start = int(_option(argv, "--data-parallel-start-rank", "0") or 0)
+    return list(range(start, start + int(_option(argv, "--data-parallel-size-local", "1") or 1)))
 
 
 def main(argv: list[str]) -> int:
@@ -270,7 +329,10 @@ def main(argv: list[str]) -> int:
             pass
         return 0
 
-    engine = Engine(model, host, port, no_kv=mode == "no_kv", unhealthy=mode == "unhealthy")
+    engine = Engine(
+        model, host, port, no_kv=mode == "no_kv", unhealthy=mode == "unhealthy",
+        ranks=_dp_ranks(argv),
+    )  # fmt: skip
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     srv = socket.socket(family, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -51,11 +51,13 @@ def max_prefill_block(plan: Plan) -> int:
 
 @dataclass(frozen=True)
 class _Placed:
-    """A process where it really listens (pdlaunch.canary reads name, role, health_url)."""
+    """A process where it really listens (pdlaunch.canary reads name, role, health_url and
+    the DP ranks it fronts)."""
 
     name: str
     role: str
     health_url: str | None
+    dp_ranks: list[int]
 
 
 def run_canary(run: Run) -> health.CanaryResult | None:
@@ -66,7 +68,7 @@ def run_canary(run: Run) -> health.CanaryResult | None:
     if mode == "off":
         return None
     min_tokens = 2 * max_prefill_block(plan) + 1
-    placed = [_Placed(p.name, p.role, launch.health_url(p)) for p in plan.processes]
+    placed = [_Placed(p.name, p.role, launch.health_url(p), p.dp_ranks) for p in plan.processes]
 
     def timeout() -> float:
         return min(opts.canary_timeout, max(5.0, run.deadline - time.monotonic()))
@@ -79,7 +81,8 @@ def run_canary(run: Run) -> health.CanaryResult | None:
         prefills = pairs_canary.engines(placed, "prefill")
         decodes = pairs_canary.engines(placed, "decode")
         reporter.step(
-            f"canary: {len(prefills) * len(decodes)} prefill {pairs_canary.ARROW} decode "
+            f"canary: {pairs_canary.pair_count(prefills, decodes)} prefill "
+            f"{pairs_canary.ARROW} decode "
             "pair(s), each sent directly"
         )
         for r in pairs_canary.iter_pairs(

