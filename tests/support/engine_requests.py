@@ -67,12 +67,27 @@ def token_ids(status: int, resp: Any, where: str) -> list[int]:
     return ids
 
 
+# vllm-router 0.1.17 answers this when it has taken every decode (or prefill) out of its pool:
+# its health check (every 60 s, 5 s timeout, 3 failures) or circuit breaker saw a worker that
+# a starved 2-core box kept from answering (docs/cpu-pd-recipe.md, gotcha 7). It re-admits the
+# worker at a later check: the router's availability verdict, not an answer of the deployment.
+ROUTER_NO_WORKERS = "No available workers"
+READMIT_WAIT = 150.0
+
+
 def complete(base: str, prompt: list[int], where: str, **extra: Any) -> list[int]:
-    """POST ``body(prompt, **extra)`` to ``base``/v1/completions; the generated token ids."""
-    status, resp = post_json(
-        base + "/v1/completions", body(prompt, **extra), timeout=REQUEST_TIMEOUT
-    )
-    return token_ids(status, resp, where)
+    """POST ``body(prompt, **extra)`` to ``base``/v1/completions; the generated token ids. A
+    router that has no worker of a role left is asked again, loudly, every 10 s for up to
+    READMIT_WAIT s; any other answer counts as it is."""
+    deadline = time.monotonic() + READMIT_WAIT
+    while True:
+        status, resp = post_json(
+            base + "/v1/completions", body(prompt, **extra), timeout=REQUEST_TIMEOUT
+        )
+        if status != 503 or ROUTER_NO_WORKERS not in str(resp) or time.monotonic() > deadline:
+            return token_ids(status, resp, where)
+        print(f"\n[engine-requests] {where}: router answered 503 {str(resp)[:120]!r}; asking again")
+        time.sleep(10)
 
 
 def metrics(base: str) -> str:
@@ -82,6 +97,20 @@ def metrics(base: str) -> str:
 def grew(before: str, after: str, name: str, **labels: str) -> float:
     """How much counter ``name`` (summed over series matching ``labels``) grew."""
     return metric_sum(after, name, **labels) - metric_sum(before, name, **labels)
+
+
+def metrics_grown(
+    base: str, before: str, name: str, at_least: float, wait: float = 15.0, **labels: str
+) -> str:
+    """``base``'s /metrics once counter ``name`` (its series matching ``labels``) has grown by
+    ``at_least`` since ``before``, or after ``wait`` s: vLLM counts a request when the
+    engine's stats reach the API server, which may be after the answer."""
+    deadline = time.monotonic() + wait
+    while True:
+        page = metrics(base)
+        if grew(before, page, name, **labels) >= at_least or time.monotonic() > deadline:
+            return page
+        time.sleep(0.5)
 
 
 def settled_metrics(

@@ -31,7 +31,14 @@ from typing import Any
 import pytest
 
 from pdlaunch.health import probe
-from tests.support.engine_requests import CPU_PD_PROMPTS, XFER_COUNT, complete, grew, metrics
+from tests.support.engine_requests import (
+    CPU_PD_PROMPTS,
+    XFER_COUNT,
+    complete,
+    grew,
+    metrics,
+    metrics_grown,
+)
 from tests.support.engines import (
     BIN,
     LOCAL_CPU,
@@ -200,7 +207,8 @@ def test_router_tokens_equal_plain_instance(dep: Deployment) -> None:
     ]
     assert not mismatches, f"PD output (containers) differs from the plain instance: {mismatches}"
     # Decode got the prompts by KV transfer from the other container.
-    assert grew(d0, metrics(dep.decode), XFER_COUNT) >= len(PROMPTS)
+    d1 = metrics_grown(dep.decode, d0, XFER_COUNT, len(PROMPTS))
+    assert grew(d0, d1, XFER_COUNT) >= len(PROMPTS), grew(d0, d1, XFER_COUNT)
 
 
 @pytest.mark.e2e

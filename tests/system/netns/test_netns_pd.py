@@ -53,6 +53,7 @@ from tests.support.engine_requests import (
     grew,
     make_prompts,
     metrics,
+    metrics_grown,
 )
 from tests.support.engines import (
     PDLAUNCH,
@@ -271,14 +272,14 @@ def test_pd_across_namespace_hosts(
         m0, sent0 = metrics(decode), _veth_bytes(a, "rx_bytes")
         with _with_logs(work):
             outputs = {tuple(p): complete(router, p, f"router, {len(p)} tokens") for p in PROMPTS}
-        time.sleep(1)  # vLLM may update its counters just after answering
-        m1, sent1 = metrics(decode), _veth_bytes(a, "rx_bytes")
+        total = sum(PROMPT_LENS)
+        m1 = metrics_grown(decode, m0, BY_SOURCE, total, source=EXT)
+        sent1 = _veth_bytes(a, "rx_bytes")
         fail_on_kv_lease_problem(prefill_log.read_text(errors="replace"))
 
         wrong = {len(p): (reference[p], out) for p, out in outputs.items() if out != reference[p]}
         assert not wrong, f"PD across hosts differs from the plain instance: {wrong}"
 
-        total = sum(PROMPT_LENS)
         assert grew(m0, m1, BY_SOURCE, source=EXT) == total, (m0, m1)
         assert grew(m0, m1, BY_SOURCE, source=LOCAL) == 0
         kv_bytes = grew(m0, m1, XFER_BYTES)
@@ -353,8 +354,7 @@ def test_multinode_dp_decode_across_namespace_hosts(
                 for p, out in zip(PROMPTS, outs, strict=True):
                     assert out == reference[tuple(p)], f"DP decode differs, {len(p)} tokens"
                 sent += sum(PROMPT_LENS)
-                time.sleep(1)
-                m1 = metrics(decode)
+                m1 = metrics_grown(decode, m0, BY_SOURCE, sent, source=EXT)
                 if all(grew(m0, m1, BY_SOURCE, source=EXT, engine=e) > 0 for e in ("0", "1")):
                     break
         got1 = _veth_bytes(c, "tx_bytes")
