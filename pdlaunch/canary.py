@@ -28,8 +28,8 @@ A data-parallel engine is one API server in front of several ranks, each with it
 agent and side channel (and, across nodes, its own network path): a request through it proves
 only the rank vLLM's load balancer picked. So every rank is a pair end of its own: the request
 is pinned with vLLM's ``X-data-parallel-rank`` header (an index into the ranks the server
-manages: ``_get_data_parallel_rank`` in vllm/entrypoints/openai/engine/serving.py, used by
-``DPLBAsyncMPClient.get_core_engine_for_request`` in vllm/v1/engine/core_client.py), and the
+manages: ``_get_data_parallel_rank`` in vllm/entrypoints/generate/base/serving.py of vLLM 0.32,
+used by ``DPLBAsyncMPClient.get_core_engine_for_request`` in vllm/v1/engine/core_client.py), and the
 decode's counters are read for that rank only (its ``engine`` label). That also makes `up` do
 each rank's first NIXL handshake, which users' first requests would otherwise wait for.
 
