@@ -66,6 +66,9 @@ EVERY_BACKEND = frozenset(
         "--follow",
         "--lines",
         "--bundle",
+        # canary: how it sends its requests, the same to engines wherever a runtime put them
+        "--router",
+        "--sequential",
         "--help",
     }
 )

@@ -1,6 +1,7 @@
 """`canary`: prove a running deployment serves disaggregated on every prefill -> decode pair,
-then through its router (pdlaunch/canary.py). Exit 0 when everything passed, 1 when a pair
-(or the router path) failed, 2 on a wrong argument or a deployment that is not recorded."""
+then through its router (pdlaunch/canary.py), on whichever runtime started it (a Slurm job's
+engines where Slurm placed them). Exit 0 when everything passed, 1 when a pair (or the router
+path) failed, 2 on a wrong argument or a deployment that is not recorded."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from pdlaunch import canary as pairs_canary
-from pdlaunch import health
+from pdlaunch import doctor, health
 from pdlaunch.cli.app import EXIT_FAILED, app, bad_input, err, failed, out, print_json
+from pdlaunch.cli.backend_options import check_recorded
 from pdlaunch.cli.options import (
     AcceptKeysOpt,
     JsonOpt,
@@ -22,14 +24,17 @@ from pdlaunch.cli.options import (
     TargetArg,
     connect_options,
 )
+from pdlaunch.cli.slurm import RecordedBackendOpt, recorded_backend
 from pdlaunch.cli.targets import resolve_deployment
 from pdlaunch.hosts import ConnectOptions, HostPool
-from pdlaunch.runtime.record_store import load_state
+from pdlaunch.runtime.record import Record, SlurmHandle, SshHandle
+from pdlaunch.runtime.record_store import find
 from pdlaunch.state import DeploymentState, StateError
 
 
 @app.command("canary")
 def canary_cmd(
+    ctx: typer.Context,
     target: TargetArg = None,
     router: Annotated[
         bool,
@@ -53,15 +58,23 @@ def canary_cmd(
     known_hosts: KnownHostsOpt = None,
     ssh_config: SshConfigOpt = None,
     as_json: JsonOpt = False,
+    backend: RecordedBackendOpt = None,
 ) -> None:
     """Send every prefill -> decode pair of a running deployment one request directly (as the
     router would), check from the decode's own counters that the KV moved and that the
     answer equals prefill alone; then one request through the router. A failing pair is
     named with the doctor findings that explain it. Exit 1 when anything failed."""
     deployment = resolve_deployment(target, as_json)
-    state = _state(deployment)
+    which = recorded_backend(deployment, backend)
+    check_recorded(ctx, which.value, backend is not None, deployment)
+    rec = _record(deployment, which.value)
+    state = doctor.state_of(rec)
     prefills = pairs_canary.engines(state.processes, "prefill")
     decodes = pairs_canary.engines(state.processes, "decode")
+    h = rec.handle
+    if isinstance(h, SlurmHandle) and h.job_state != "RUNNING":
+        detail = f" ({h.job_detail})" if h.job_detail else ""
+        failed(f"{deployment}: Slurm job {h.job_id} is {h.job_state}{detail}: no engine to ask")
     if not prefills or not decodes:
         bad_input(
             f"{deployment}: no prefill and decode engines with an HTTP endpoint are recorded; "
@@ -87,7 +100,7 @@ def canary_cmd(
     bad = [r for r in results if not r.ok]
     note = None
     if bad:
-        note = _explain(bad, state, connect_options(accept_new_host_keys, known_hosts, ssh_config))
+        note = _explain(bad, rec, connect_options(accept_new_host_keys, known_hosts, ssh_config))
     through_router = None
     if router and not bad:
         through_router = health.canary(
@@ -124,17 +137,19 @@ def canary_cmd(
         raise typer.Exit(EXIT_FAILED)
 
 
-def _state(deployment: str) -> DeploymentState:
+def _record(deployment: str, backend: str) -> Record:
+    """The deployment's record, its processes where they run (a Slurm job's: where Slurm
+    placed them)."""
     try:
-        state = load_state(deployment)
+        rec = find(deployment, backend)
     except StateError as exc:
         failed(str(exc))
-    if state is None:
+    if rec is None:
         bad_input(
             f"no deployment {deployment!r} is recorded on this control host (`pdlaunch status` "
             "lists them)"
         )
-    return state
+    return rec
 
 
 def _min_prompt_tokens(state: DeploymentState) -> int:
@@ -148,15 +163,14 @@ def _min_prompt_tokens(state: DeploymentState) -> int:
 
 
 def _explain(
-    bad: list[pairs_canary.PairResult], state: DeploymentState, connect: ConnectOptions
+    bad: list[pairs_canary.PairResult], rec: Record, connect: ConnectOptions
 ) -> str | None:
-    """The doctor findings of the failed pairs' engines (logs over SSH, /metrics); a note
-    saying why there are none when the doctor could not look."""
-    from pdlaunch import doctor
-
+    """The doctor findings of the failed pairs' engines (logs over SSH or in a Slurm job's
+    work dirs, /metrics); a note saying why there are none when the doctor could not look."""
+    hosts = rec.handle if isinstance(rec.handle, SshHandle) else SshHandle(topology="")
     try:
-        with HostPool(connect.or_recorded(state.known_hosts, state.ssh_config)) as pool:
-            findings = doctor.diagnose(state, pool, lines=300)
+        with HostPool(connect.or_recorded(hosts.known_hosts, hosts.ssh_config)) as pool:
+            findings = doctor.diagnose(rec, pool, lines=300)
     except Exception as exc:  # the failed pairs are reported either way
         return f"doctor could not examine the deployment: {exc}"
     pairs_canary.attach_findings(bad, findings)

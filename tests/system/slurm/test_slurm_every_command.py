@@ -1,5 +1,6 @@
-"""`doctor` (and `--bundle`), `bench`, `status --watch` and `logs -f` on a Slurm deployment,
-against the test cluster (tests/system/slurm/conftest.py) and the stand-in engines.
+"""`doctor` (and `--bundle`), `canary`, `bench`, `status --watch` and `logs -f` on a Slurm
+deployment, against the test cluster (tests/system/slurm/conftest.py) and the stand-in
+engines.
 
 The topology names its hosts ``pd-a`` and ``pd-b``: names Slurm maps to whatever nodes it
 allocates, and that no resolver knows. So the plan's addresses lead nowhere, and each command
@@ -121,6 +122,18 @@ def test_every_command_reaches_a_slurm_deployment_where_slurm_runs_it(
     assert json.loads(text["slurm.json"])["job_id"] == up.job_id
     assert "state.json" not in text and "scripts/slurm-job.sh" in text
 
+    # canary: the pair sent directly to the engines where Slurm runs them (the plan's pd-a and
+    # pd-b lead nowhere), judged on decode's counters there, then one request via the router.
+    r = _pdl("canary", "slurm-every", "--json")
+    assert r.returncode == 0, r
+    data = json.loads(r.stdout)
+    assert [(p["pair"], p["ok"]) for p in data["pairs"]] == [("prefill-0 → decode-0", True)], data
+    assert data["pairs"][0]["decode_external_kv_transfer_tokens"] > 0, data
+    assert data["router"]["ok"], data
+    # an SSH option means nothing to a Slurm deployment: refused, not ignored
+    r = _pdl("canary", "slurm-every", "--known-hosts", tmp_path / "kh")
+    assert r.returncode == 2 and "--known-hosts" in r.stderr + r.stdout, r
+
     # status --watch: each engine's counters read on its node.
     r = _pdl("status", "slurm-every", "--watch", "--interval", "0.5", "--count", "1", "--json")
     assert r.returncode == 0, r
@@ -174,7 +187,7 @@ def test_every_command_reaches_a_slurm_deployment_where_slurm_runs_it(
 
 
 def test_commands_on_a_job_that_no_longer_runs_say_so(slurm_cluster, fake_bins, tmp_path) -> None:
-    """A recorded job that ended: bench and watch name the job's state instead of aiming at
+    """A recorded job that ended: bench, watch and canary name the job's state instead of aiming at
     the plan's addresses; doctor reports every process dead, with the job's state."""
     ports = free_ports("prefill", "decode", "side", "router", "metrics")
     spec = fake_spec("slurm-gone", tmp_path / "work", ["pd-a", "pd-b"], fake_bins, ports)
@@ -201,5 +214,8 @@ def test_commands_on_a_job_that_no_longer_runs_say_so(slurm_cluster, fake_bins, 
         bres = CliRunner().invoke(app, ["bench", str(path), "--json"])
         assert bres.exit_code == 1, bres.output
         assert f"Slurm job {res.job_id} is GONE" in json.loads(bres.stdout)["error"]
+        r = _pdl("canary", "slurm-gone")
+        assert r.returncode == 1 and f"Slurm job {res.job_id} is GONE" in r.stderr, r
+        assert "no engine to ask" in r.stderr and TRACEBACK not in r.stderr, r
     finally:
         assert slurm_rt.down("slurm-gone").ok
