@@ -224,7 +224,8 @@ def test_validate_and_up_refuse_a_host_outside_the_nodelist(
     before = set(slurm_cluster.jobs())
     r = pdl("up", path, "--backend", "slurm", "--nodelist", nodes[0], "--time", "5")
     assert r.rc == 1 and "slurm-nodelist" in r.stderr and "nothing was submitted" in r.stderr, r
-    assert set(slurm_cluster.jobs()) == before
+    # no job was added (earlier tests' jobs may still be leaving the queue meanwhile)
+    assert set(slurm_cluster.jobs()) <= before
     assert not (state_dir / "cli-rules" / "record.json").exists()
 
 
