@@ -117,13 +117,9 @@ def settled_metrics(
     decode: str, prefill: str, decode_before: str, tokens: int, wait: float = 15.0
 ) -> tuple[str, str]:
     """Decode's and prefill's /metrics once decode's external_kv_transfer count has grown by
-    ``tokens`` (vLLM may update its counters just after answering), or after ``wait`` s."""
-    deadline = time.monotonic() + wait
-    while True:
-        d1, p1 = metrics(decode), metrics(prefill)
-        if grew(decode_before, d1, BY_SOURCE, source=EXT) >= tokens or time.monotonic() > deadline:
-            return d1, p1
-        time.sleep(0.5)
+    ``tokens`` (:func:`metrics_grown`), prefill's read right after."""
+    d1 = metrics_grown(decode, decode_before, BY_SOURCE, tokens, wait, source=EXT)
+    return d1, metrics(prefill)
 
 
 def pd_token_counts(d0: str, d1: str, p0: str, p1: str) -> dict[str, float]:
