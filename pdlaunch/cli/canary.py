@@ -26,8 +26,8 @@ from pdlaunch.cli.options import (
 )
 from pdlaunch.cli.slurm import RecordedBackendOpt, recorded_backend
 from pdlaunch.cli.targets import resolve_deployment
-from pdlaunch.hosts import ConnectOptions, HostPool
-from pdlaunch.runtime.record import Record, SlurmHandle, SshHandle
+from pdlaunch.hosts import ConnectOptions
+from pdlaunch.runtime.record import Record, SlurmHandle
 from pdlaunch.runtime.record_store import find
 from pdlaunch.state import DeploymentState, StateError
 
@@ -167,9 +167,8 @@ def _explain(
 ) -> str | None:
     """The doctor findings of the failed pairs' engines (logs over SSH or in a Slurm job's
     work dirs, /metrics); a note saying why there are none when the doctor could not look."""
-    hosts = rec.handle if isinstance(rec.handle, SshHandle) else SshHandle(topology="")
     try:
-        with HostPool(connect.or_recorded(hosts.known_hosts, hosts.ssh_config)) as pool:
+        with doctor.host_pool(rec, connect) as pool:
             findings = doctor.diagnose(rec, pool, lines=300)
     except Exception as exc:  # the failed pairs are reported either way
         return f"doctor could not examine the deployment: {exc}"

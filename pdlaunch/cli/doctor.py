@@ -22,8 +22,6 @@ from pdlaunch.cli.options import (
 )
 from pdlaunch.cli.slurm import RecordedBackendOpt, recorded_backend
 from pdlaunch.cli.targets import resolve_deployment
-from pdlaunch.hosts import HostPool
-from pdlaunch.runtime.record import SshHandle
 
 
 @app.command("doctor")
@@ -64,8 +62,7 @@ def doctor_cmd(
     connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
     try:
         rec = doctor.find_record(deployment, backend.value if backend else None)
-        hosts = rec.handle if isinstance(rec.handle, SshHandle) else SshHandle(topology="")
-        with HostPool(connect.or_recorded(hosts.known_hosts, hosts.ssh_config)) as pool:
+        with doctor.host_pool(rec, connect) as pool:
             exam = doctor.examine(
                 rec, pool, lines=lines, metrics_interval=interval, versions=bundle is not None
             )

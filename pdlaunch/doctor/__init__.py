@@ -36,8 +36,8 @@ from pdlaunch.doctor.diagnose import CHECKS, Finding, diagnose_evidence, match
 from pdlaunch.doctor.evidence import Evidence, HostVersions, ProcessEvidence
 from pdlaunch.doctor.signatures import Signature, SignatureError, signatures
 from pdlaunch.doctor.slurm import slurm_running, slurm_state
-from pdlaunch.hosts import HostPool
-from pdlaunch.runtime.record import Record
+from pdlaunch.hosts import ConnectOptions, HostPool
+from pdlaunch.runtime.record import Record, SshHandle
 from pdlaunch.runtime.record_store import find
 from pdlaunch.state import DeploymentState, StateError
 
@@ -86,6 +86,15 @@ def find_record(deployment: str, backend: str | None = None) -> Record:
             "(`pdlaunch status` lists them)"
         )
     return rec
+
+
+def host_pool(rec: Record, connect: ConnectOptions) -> HostPool:
+    """A pool to reach the record's hosts: ``connect``'s SSH settings, else those its `up`
+    recorded (a Slurm job records none: its logs are read in the job's work dirs)."""
+    h = rec.handle
+    if isinstance(h, SshHandle):
+        connect = connect.or_recorded(h.known_hosts, h.ssh_config)
+    return HostPool(connect)
 
 
 def state_of(rec: Record) -> DeploymentState:
