@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pdlaunch.health import get_text, metric_sum, post_json
+from pdlaunch.health import get_text, metric_sum, post_json, probe
 
 SERVED = "tiny"
 MAX_TOKENS = 16
@@ -88,6 +88,22 @@ def complete(base: str, prompt: list[int], where: str, **extra: Any) -> list[int
             return token_ids(status, resp, where)
         print(f"\n[engine-requests] {where}: router answered 503 {str(resp)[:120]!r}; asking again")
         time.sleep(10)
+
+
+def wait_healthy(url: str, where: str, wait: float = 120.0, context: str = "") -> float:
+    """Seconds until ``url``/health answered 200; fails after ``wait``. A dead process never
+    answers; a live API server starved on 2 cores (docs/cpu-pd-recipe.md, gotcha 7) may answer
+    late, which is printed. ``context`` (e.g. a log digest) goes into the failure."""
+    t0 = time.monotonic()
+    while not (last := probe(url + "/health", timeout=10)).ok:
+        if time.monotonic() - t0 > wait:
+            pytest.fail(f"{where}: {url} not healthy within {wait:g}s: {last.error or last.status}"
+                        f"\n{context}")  # fmt: skip
+        time.sleep(2)
+    took = time.monotonic() - t0
+    if took > 10:
+        print(f"\n[e2e] {where}: {url}/health answered after {took:.0f}s")
+    return took
 
 
 def metrics(base: str) -> str:

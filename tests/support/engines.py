@@ -31,6 +31,17 @@ BIN = Path(sys.executable).parent
 PDLAUNCH = [sys.executable, "-m", "pdlaunch"]
 PLAIN_HEALTH_TIMEOUT = 600.0
 TINY_MODEL_SCRIPT = REPO / "tests" / "support" / "tiny_model.py"
+# NIXL's UCX progress thread busy-polls (one core per engine) unless given a delay; the test
+# engines get one (tests/support/nixl_progress_delay/sitecustomize.py says why and how).
+NIXL_PROGRESS_DELAY_DIR = REPO / "tests" / "support" / "nixl_progress_delay"
+NIXL_PROGRESS_DELAY_US = 1000
+
+
+def idle_nixl_env(pythonpath: str | None = None) -> dict[str, str]:
+    """The env that gives a test engine's NIXL progress thread a poll delay: the hook's
+    directory first on PYTHONPATH (then ``pythonpath``, if any) and the delay."""
+    path = str(NIXL_PROGRESS_DELAY_DIR) + (os.pathsep + pythonpath if pythonpath else "")
+    return {"PYTHONPATH": path, "PDLAUNCH_TEST_NIXL_PROGRESS_DELAY_US": str(NIXL_PROGRESS_DELAY_US)}
 
 
 # -- the model --------------------------------------------------------------------------------
@@ -54,8 +65,10 @@ def tiny_model(path: Path) -> Path:
 
 
 def write_topology(src: Path, dst: Path, **changes: Any) -> dict[str, Any]:
-    """Copy topology ``src`` to ``dst`` with dotted-path changes ("prefill.0.port": 8100)."""
+    """Copy topology ``src`` to ``dst`` with dotted-path changes ("prefill.0.port": 8100), its
+    engines' NIXL progress thread given a poll delay (``idle_nixl_env``)."""
     data = yaml.safe_load(src.read_text())
+    data.setdefault("defaults", {}).setdefault("env", {}).update(idle_nixl_env())
     for dotted, value in changes.items():
         node = data
         keys = dotted.split(".")
@@ -243,6 +256,35 @@ class Proc:
     def is_engine(self) -> bool:
         """vLLM (API server, EngineCore, workers) or vllm-router."""
         return "vllm" in self.cmdline.lower() or self.comm.startswith("VLLM::")
+
+
+def busiest_threads(pids: Iterable[int], seconds: float = 3.0) -> list[tuple[float, str]]:
+    """(share of one core, "pid/tid name") of every thread of ``pids`` over ``seconds``,
+    busiest first (utime + stime from /proc/PID/task/TID/stat)."""
+    pids = list(pids)
+
+    def ticks() -> dict[str, tuple[int, str]]:
+        out = {}
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    with contextlib.suppress(OSError, ValueError, IndexError):
+                        stat = (task / "stat").read_text()
+                        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+                        fields = stat[stat.rindex(")") + 2 :].split()
+                        out[f"{pid}/{task.name}"] = (int(fields[11]) + int(fields[12]), name)
+        return out
+
+    before = ticks()
+    time.sleep(seconds)
+    after = ticks()
+    hz = os.sysconf("SC_CLK_TCK")
+    shares = [
+        ((t - before[key][0]) / hz / seconds, f"{key} {name}")
+        for key, (t, name) in after.items()
+        if key in before
+    ]
+    return sorted(shares, reverse=True)
 
 
 def processes_under(roots: Iterable[str]) -> list[Proc]:

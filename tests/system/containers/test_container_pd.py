@@ -30,7 +30,6 @@ from typing import Any
 
 import pytest
 
-from pdlaunch.health import probe
 from tests.support.engine_requests import (
     CPU_PD_PROMPTS,
     XFER_COUNT,
@@ -38,10 +37,12 @@ from tests.support.engine_requests import (
     grew,
     metrics,
     metrics_grown,
+    wait_healthy,
 )
 from tests.support.engines import (
     BIN,
     LOCAL_CPU,
+    NIXL_PROGRESS_DELAY_DIR,
     PDLAUNCH,
     engine_env,
     free_port_block,
@@ -92,7 +93,9 @@ def _runtime_ready() -> str | None:
 def _mounts(model: Path) -> list[str]:
     venv = Path(os.path.realpath(BIN)).parent
     base = Path(os.path.realpath(sys.base_prefix))
-    paths = dict.fromkeys(["/usr", str(venv), str(base), str(model)])
+    # the NIXL progress-delay hook the topology's PYTHONPATH names (idle_nixl_env)
+    hook = str(NIXL_PROGRESS_DELAY_DIR)
+    paths = dict.fromkeys(["/usr", str(venv), str(base), str(model), hook])
     return [
         f"{p}:{p}:ro" for p in paths if not any(p != q and p.startswith(q + "/") for q in paths)
     ]
@@ -227,7 +230,7 @@ def test_status_sees_a_container_whose_client_was_killed(dep: Deployment) -> Non
     row = {r["process"]: r for r in json.loads(st.stdout)["processes"]}["decode-0"]
     assert row["alive"] is True and row["container"] == "running", row
     assert "without its client" in row["health"], row
-    assert probe(dep.decode + "/health", timeout=5).ok
+    wait_healthy(dep.decode, "after its client was killed")
 
 
 @pytest.mark.e2e

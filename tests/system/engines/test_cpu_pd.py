@@ -58,6 +58,7 @@ from tests.support.engines import (
     LOCAL_CPU,
     PDLAUNCH,
     REPO,
+    busiest_threads,
     engine_env,
     free_port_block,
     log_digest,
@@ -74,6 +75,7 @@ UP_TIMEOUT = 900
 # a plain instance and a whole deployment.
 E2E_TIMEOUT = 1200
 FAKE_VLLM = REPO / "tests" / "support" / "fake_vllm.py"
+HOOK_MARK = "pdlaunch test hook: NIXL progress thread poll delay"
 
 PROMPTS = CPU_PD_PROMPTS
 CONTROL_PROMPT = PROMPTS[CPU_PD_PROMPT_LENS.index(200)]  # 7 blocks of 32: room to tamper with
@@ -232,6 +234,25 @@ def test_up_passed_canary(dep: Deployment) -> None:
     (pair,) = canary["pairs"]
     assert pair["pair"] == "prefill-0 → decode-0" and pair["ok"], pair
     assert pair["decode_external_kv_transfer_tokens"] >= pair["prompt_tokens"] - 1, pair
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(E2E_TIMEOUT)
+def test_idle_engines_leave_the_cores_free(dep: Deployment) -> None:
+    """The test harness's own condition for a stable CI: the NIXL progress-delay hook
+    (tests/support/nixl_progress_delay) reached every engine's NIXL agent, and no thread of
+    the idle deployment busy-polls a core (without the hook, one per engine: ~100 %)."""
+    from pdlaunch.load import load
+    from pdlaunch.plan import build_plan
+
+    plan = build_plan(load(dep.topology)[0])
+    for proc in plan.by_role("prefill") + plan.by_role("decode"):
+        assert HOOK_MARK in Path(proc.log_path).read_text(errors="replace"), proc.name
+    engines = [p for p in processes_under([str(dep.root / "work")]) if p.is_engine]
+    assert any("Worker" in p.comm for p in engines), [p.describe() for p in engines]
+    busiest = busiest_threads(p.pid for p in engines)
+    dep.numbers["idle_busiest_threads"] = busiest[:3]
+    assert busiest[0][0] < 0.5, busiest[:5]
 
 
 @pytest.mark.e2e

@@ -52,7 +52,7 @@ from typing import Any
 import pytest
 
 from pdlaunch.canary import REMOTE_DECODE
-from pdlaunch.health import post_json, probe
+from pdlaunch.health import post_json
 from tests.support.engine_requests import (
     BY_SOURCE,
     EXT,
@@ -65,6 +65,7 @@ from tests.support.engine_requests import (
     make_prompts,
     metrics,
     token_ids,
+    wait_healthy,
 )
 from tests.support.engines import (
     LOCAL_CPU,
@@ -72,6 +73,7 @@ from tests.support.engines import (
     REPO,
     engine_env,
     free_port_block,
+    idle_nixl_env,
     log_digest,
     plain_reference,
     processes_under,
@@ -139,9 +141,9 @@ class Deployment:
     def prefill_text(self, since: int = 0) -> str:
         return self.prefill_log.read_text(errors="replace")[since:]
 
-    def healthy(self) -> None:
+    def healthy(self, where: str = "after the test's requests") -> None:
         for url in (self.router, self.prefill, *self.decodes):
-            assert probe(url + "/health", timeout=10).ok, f"{url} not healthy"
+            wait_healthy(url, where, context=log_digest(_work(self.topology)))
 
 
 def _topology(
@@ -156,7 +158,8 @@ def _topology(
     data["model"].update(name=str(model), dtype="float32")
     data["defaults"]["work_dir"] = str(root / f"work-{name}")
     data["defaults"]["env"].update(
-        PYTHONPATH=str(REPO), PDLAUNCH_KV_TEST_SKIP_REBLOCK_FILE=str(root / "skip-reblock")
+        **idle_nixl_env(str(REPO)),
+        PDLAUNCH_KV_TEST_SKIP_REBLOCK_FILE=str(root / "skip-reblock"),
     )
     data["prefill"][0].update(
         port=base,
@@ -524,7 +527,7 @@ def test_expired_lease_no_crash_no_wrong_tokens_reported(
         assert "Potentially invalid KV blocks" in ld.prefill_log.read_text(errors="replace")
 
     for url in (ld.prefill, ld.decode):
-        assert probe(url + "/health", timeout=10).ok, f"{url} not healthy after the expiry"
+        wait_healthy(url, "after the lease expired", context=log_digest(_work(ld.topology)))
     doc = run([*PDLAUNCH, "doctor", str(ld.topology), "--json"], dep.env, 180)
     found = {(f["id"], f.get("process"), f["severity"]) for f in json.loads(doc.stdout)["findings"]}
     dep.numbers["lease"]["doctor"] = sorted(found)
