@@ -5,10 +5,11 @@
 NIXL over loopback, the real vllm-router in front. The prefill re-blocks every finished
 prompt's 128-token pages into 64-token pages of the same CPU layout and advertises block 64;
 the decode reads them as its own blocks. ``MAIN_DECODES`` says how many block-64 decodes the
-deployment has: 2 passed 3 runs on a busy machine but failed 2 of the next 2 here (a 3-engine
-1P2D on 2 cores at load 50: the canary's NIXL handshake timed out after 5 s twice in one
-quiet run; in a full-suite run decode-1's worker hung > 3 min), so CI runs 1 until the
-handshake/hang on an oversubscribed host is understood. With a decode at 32 the agreed size
+deployment has: 2 (1P2D). It ran 1 for a while: on 2 cores a 3-engine 1P2D failed 2 of 2 runs
+(the canary's NIXL handshake timed out after 5 s; decode-1's worker hung > 3 min), because
+each engine's NIXL progress thread busy-polled a core (docs/cpu-pd-recipe.md, gotcha 7). The
+test engines now give it a poll delay (tests/support/nixl_progress_delay), and 1P2D passed
+3 of 3 runs here in about 130 s each. With a decode at 32 the agreed size
 would be 32 and a block-64 decode would merge 32-token sub-blocks on receive, which `validate`
 refuses on CPU (cpu-block-size); ratio 4 is proven at tensor level (tests/kv).
 
@@ -86,7 +87,7 @@ from tests.support.engines import (
 UP_TIMEOUT = 900
 E2E_TIMEOUT = 1500
 PREFILL_BLOCK, DECODE_BLOCK = 128, 64
-MAIN_DECODES = 1  # see the module docstring: 2 is not reliable on a 2-core host yet
+MAIN_DECODES = 2  # 1P2D; see the module docstring
 CHUNK_BUDGET = 256  # prefill --max-num-batched-tokens: the long prompt takes 3 chunks
 
 LENS = (1, 63, 64, 65, 127, 128, 129, 191, 255, 256, 257, 513)
