@@ -42,6 +42,9 @@ class ProcessRecord:
     # vllm-router's Prometheus port (doctor, watch); None for engines (their HTTP port
     # serves /metrics) and in records written before it was kept.
     metrics_port: int | None = None
+    # The DP ranks its API server fronts (plan.Process.dp_ranks), so `pdlaunch canary` pins
+    # each on a running job as `up` does; empty: one engine, and in older records.
+    dp_ranks: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -176,4 +179,5 @@ def _process_record(p: Process, component: int, node: int) -> ProcessRecord:
         script_path=p.script_path,
         secrets_path=p.secrets_path,
         metrics_port=p.ports[1].port if p.role == "router" and len(p.ports) > 1 else None,
+        dp_ranks=list(p.dp_ranks),
     )

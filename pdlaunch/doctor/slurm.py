@@ -47,6 +47,7 @@ def slurm_state(rec: Record) -> DeploymentState:
                 health_url=p.health_url,
                 ports=ports,
                 script_hash="",
+                dp_ranks=list(p.dp_ranks),
             )
         )
     scripts: dict[str, str] = {}

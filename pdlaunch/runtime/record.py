@@ -370,6 +370,7 @@ def from_slurm(
                 work_dir=p.work_dir,
                 health_url=url,
                 metrics_url=metrics_url_of(p.role, url, p.metrics_port),
+                dp_ranks=list(p.dp_ranks),
                 handle=SlurmProcessHandle(
                     component=p.component,
                     node=p.node,
@@ -424,6 +425,7 @@ def to_slurm(rec: Record) -> SlurmRecord:
             "port": ph.port, "health_path": ph.health_path, "log_path": p.log_path,
             "work_dir": p.work_dir, "script_path": ph.script_path,
             "secrets_path": ph.secrets_path, "metrics_port": ph.metrics_port,
+            "dp_ranks": p.dp_ranks,
         })  # fmt: skip
     data = {
         "deployment": rec.deployment, "job_id": h.job_id, "script": h.script,

@@ -17,6 +17,31 @@ from pdlaunch.runtime.ssh.records import unrecorded_state
 from pdlaunch.state import DeploymentState, deployment_dir
 from tests.support.slurm_specs import fake_spec, planned
 
+ROOT = Path(__file__).resolve().parents[2]
+
+def test_a_slurm_record_keeps_the_dp_ranks_each_api_server_fronts(tmp_path: Path) -> None:
+    """`pdlaunch canary` on a running Slurm job pins every DP rank as `up` did: the ranks
+    travel plan -> Slurm record -> stored record -> the doctor's view the canary reads."""
+    from pdlaunch.doctor.slurm import slurm_state
+    from pdlaunch.load import load
+    from pdlaunch.plan import build_plan
+
+    plan = build_plan(load(ROOT / "topologies" / "gb200-xpyd.yaml")[0])
+    want = {p.name: p.dp_ranks for p in plan.processes}
+    assert want["decode-0-node1"] == [4, 5, 6, 7]  # hybrid LB: the node's own ranks
+    record_store.save_slurm(slurm_record.record_of(plan, "31"))
+    rec = record_store.find(plan.deployment, place=False)
+    assert rec is not None
+    assert {p.name: p.dp_ranks for p in rec.processes} == want
+    assert {p.name: p.dp_ranks for p in slurm_state(rec).processes} == want
+    assert record.to_slurm(rec) == rec.native
+    # a record written before the ranks were kept reads as one engine per process
+    older = json.loads(rec.stored_json())
+    for proc in older["processes"]:
+        del proc["dp_ranks"]
+    assert all(p.dp_ranks == [] for p in record.Record.model_validate(older).processes)
+
+
 PORTS = {"prefill": 18101, "decode": 18102, "side": 18103, "router": 18104, "metrics": 18105}
 
 
