@@ -8,7 +8,9 @@ switches). Three engines on CI's 2 cores then ask for three cores before any req
 API servers, routers and handshakes wait minutes in the run queue (docs/cpu-pd-recipe.md,
 gotcha 7): the e2e tests' flakes. With a delay, that thread sleeps in ``poll`` until a UCX
 worker's event fd fires or the delay passes (NIXL's own periodic wake-up), so transfers still
-progress; only the idle spin goes.
+progress; only the idle spin goes. Measured cost: a prefill step with a ``do_remote_decode``
+request takes ~320 ms instead of ~40 ms here (cause not found; docs/cpu-pd-recipe.md gotcha 7),
+so the tests' engines are fit for correctness, not for latency numbers.
 
 Active only where ``PDLAUNCH_TEST_NIXL_PROGRESS_DELAY_US`` is set and this directory is on
 PYTHONPATH (tests/support/engines.py puts both in every e2e topology's env). It changes no
