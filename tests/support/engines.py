@@ -35,6 +35,8 @@ TINY_MODEL_SCRIPT = REPO / "tests" / "support" / "tiny_model.py"
 # engines get one (tests/support/nixl_progress_delay/sitecustomize.py says why and how).
 NIXL_PROGRESS_DELAY_DIR = REPO / "tests" / "support" / "nixl_progress_delay"
 NIXL_PROGRESS_DELAY_US = 1000
+# the line the hook writes to each engine's log when it reaches NIXL (its MARK)
+NIXL_PROGRESS_DELAY_MARK = "pdlaunch test hook: NIXL progress thread poll delay"
 
 
 def idle_nixl_env(pythonpath: str | None = None) -> dict[str, str]:
@@ -80,11 +82,22 @@ def write_topology(src: Path, dst: Path, **changes: Any) -> dict[str, Any]:
 
 
 # -- ports and environment --------------------------------------------------------------------
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port_block(n: int, address: str = "127.0.0.1") -> int:
-    """A base port such that base..base+n-1 are all free on ``address``."""
+    """A base port such that base..base+n-1 are all free on ``address``, below the kernel's
+    ephemeral range: a port in that range can be given to any outgoing connection between
+    this check and the deployment's bind (seen: the router's port taken minutes later, its
+    start failing with "Address already in use")."""
     rng = random.Random()
+    top = min(60000, _ephemeral_low()) - n
     for _ in range(500):
-        base = rng.randrange(20000, 60000 - n)
+        base = rng.randrange(10000, top)
         try:
             for port in range(base, base + n):
                 with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -26,6 +26,7 @@ import sys
 from typing import Any
 
 _VAR = "PDLAUNCH_TEST_NIXL_PROGRESS_DELAY_US"
+# tests/support/engines.py NIXL_PROGRESS_DELAY_MARK: the tests look for this line
 MARK = "pdlaunch test hook: NIXL progress thread poll delay"
 _BINDINGS = {"nixl._bindings", "nixl_cu12._bindings", "nixl_cu13._bindings"}
 

@@ -56,6 +56,7 @@ from tests.support.engine_requests import (
 )
 from tests.support.engines import (
     LOCAL_CPU,
+    NIXL_PROGRESS_DELAY_MARK,
     PDLAUNCH,
     REPO,
     busiest_threads,
@@ -75,7 +76,6 @@ UP_TIMEOUT = 900
 # a plain instance and a whole deployment.
 E2E_TIMEOUT = 1200
 FAKE_VLLM = REPO / "tests" / "support" / "fake_vllm.py"
-HOOK_MARK = "pdlaunch test hook: NIXL progress thread poll delay"
 
 PROMPTS = CPU_PD_PROMPTS
 CONTROL_PROMPT = PROMPTS[CPU_PD_PROMPT_LENS.index(200)]  # 7 blocks of 32: room to tamper with
@@ -247,7 +247,8 @@ def test_idle_engines_leave_the_cores_free(dep: Deployment) -> None:
 
     plan = build_plan(load(dep.topology)[0])
     for proc in plan.by_role("prefill") + plan.by_role("decode"):
-        assert HOOK_MARK in Path(proc.log_path).read_text(errors="replace"), proc.name
+        log = Path(proc.log_path).read_text(errors="replace")
+        assert NIXL_PROGRESS_DELAY_MARK in log, proc.name
     engines = [p for p in processes_under([str(dep.root / "work")]) if p.is_engine]
     assert any("Worker" in p.comm for p in engines), [p.describe() for p in engines]
     busiest = busiest_threads(p.pid for p in engines)
