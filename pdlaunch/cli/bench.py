@@ -340,8 +340,7 @@ def _target(plan: Plan, rec: record.Record | None, as_json: bool) -> Target:
     if rec.endpoint is None or router is None:
         why = ""
         if isinstance(rec.handle, record.SlurmHandle):
-            why = f": Slurm job {rec.handle.job_id} is {rec.handle.job_state}"
-            why += f" ({rec.handle.job_detail})" if rec.handle.job_detail else ""
+            why = f": Slurm {rec.handle.job_said}"
         _fail(f"{plan.deployment}: its router is not running{why}", as_json)
     engines = {p.name: (p.role, p.metrics_url) for p in rec.engines()}
     return Target(rec.backend, rec.endpoint, router.health_url, engines, router.metrics_url)

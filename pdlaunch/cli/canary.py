@@ -73,8 +73,7 @@ def canary_cmd(
     decodes = pairs_canary.engines(state.processes, "decode")
     h = rec.handle
     if isinstance(h, SlurmHandle) and h.job_state != "RUNNING":
-        detail = f" ({h.job_detail})" if h.job_detail else ""
-        failed(f"{deployment}: Slurm job {h.job_id} is {h.job_state}{detail}: no engine to ask")
+        failed(f"{deployment}: Slurm {h.job_said}: no engine to ask")
     if not prefills or not decodes:
         bad_input(
             f"{deployment}: no prefill and decode engines with an HTTP endpoint are recorded; "

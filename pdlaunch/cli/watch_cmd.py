@@ -29,9 +29,7 @@ def watch(deployment: str, backend: str, interval: float, count: int | None, as_
     engines = [p for p in rec.engines() if p.metrics_url or p.host is None]
     unplaced = ""
     if isinstance(rec.handle, record.SlurmHandle):
-        h = rec.handle
-        unplaced = f"not placed: Slurm job {h.job_id} is {h.job_state}"
-        unplaced += f" ({h.job_detail})" if h.job_detail else ""
+        unplaced = f"not placed: Slurm {rec.handle.job_said}"
 
     lease = _lease(rec)
     texts: dict[str, str] = {}  # the last /metrics text read of each engine

@@ -77,8 +77,7 @@ def slurm_running(rec: Record, timeout: float = 5.0) -> dict[str, tuple[str, str
     out: dict[str, tuple[str, str]] = {}
     for p in rec.processes:
         if h.job_state != "RUNNING":
-            why = f"job {h.job_id} is {h.job_state}"
-            why += f" ({h.job_detail})" if h.job_detail else ""
+            why = h.job_said
             if h.job_state in (None, UNKNOWN):
                 out[p.name] = ("unknown", why)  # Slurm did not answer: nothing is proven
             elif h.job_state in ("PENDING", "CONFIGURING"):

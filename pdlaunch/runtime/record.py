@@ -173,6 +173,13 @@ class SlurmHandle(_Model):
     job_dir: str = ""
     work_dirs: list[str] = Field(default_factory=list)
 
+    @property
+    def job_said(self) -> str:
+        """"job ID is STATE (detail)": how every command names a job as found."""
+        return f"job {self.job_id} is {self.job_state}" + (
+            f" ({self.job_detail})" if self.job_detail else ""
+        )
+
 
 Handle = Annotated[SshHandle | SlurmHandle, Field(discriminator="kind")]
 
