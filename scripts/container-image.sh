@@ -10,8 +10,11 @@
 # sandbox that withholds CAP_SYS_RESOURCE and mixes cgroup v1 with a v2 mount (this
 # project's CI machines): podman asks for nofile/nproc limits of 1048576 (setrlimit: EPERM)
 # and crun refuses cgroups in hybrid mode. A drop-in (containers.conf.d) then gives the
-# host's own limits and runc, only when a trial run fails for one of those reasons.
+# host's own limits and runc, only when a trial run fails for one of those reasons, in
+# whichever runtime's words (scripts/oci-failure.sh).
 set -euo pipefail
+# shellcheck source=scripts/oci-failure.sh
+. "$(dirname "${BASH_SOURCE[0]}")/oci-failure.sh"
 
 IMAGE="${1:-localhost/pdlaunch-engine:test}"
 command -v podman >/dev/null || { echo "container-image: podman is not installed" >&2; exit 2; }
@@ -27,8 +30,8 @@ tar -C "$root" -cf - . | podman import --change 'CMD ["/bin/sh"]' - "$IMAGE" >/d
 
 trial() { podman run --rm --net=host -v /usr:/usr:ro "$IMAGE" /usr/bin/true 2>&1; }
 if ! out="$(trial)"; then
-  case $out in
-    *setrlimit*|*"cgroups in hybrid mode"*)
+  case "$(oci_failure_cause "$out")" in
+    rlimit|hybrid-cgroups)
       conf=/etc/containers/containers.conf.d/50-pdlaunch-sandbox.conf
       mkdir -p "${conf%/*}"
       nproc="$(ulimit -Hu)"; [ "$nproc" = unlimited ] || [ "$nproc" -gt 32768 ] && nproc=32768
