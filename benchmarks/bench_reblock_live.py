@@ -37,7 +37,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pdlaunch.health import probe  # noqa: E402
+from pdlaunch.observe.health import probe  # noqa: E402
 
 PDLAUNCH = [sys.executable, "-m", "pdlaunch"]
 

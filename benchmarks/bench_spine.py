@@ -16,10 +16,10 @@ from pathlib import Path
 
 import yaml
 
-from pdlaunch.load import load
-from pdlaunch.plan import build_plan
-from pdlaunch.render import render_plan, write_files
+from pdlaunch.plan.build import build_plan
+from pdlaunch.plan.render import render_plan, write_files
 from pdlaunch.rules import has_errors, validate
+from pdlaunch.spec.load import load
 
 
 def generate(instances: int) -> dict:

@@ -63,11 +63,11 @@ from netns_relay import (  # noqa: E402
     rtt_lines,
 )
 
+from pdlaunch.backends.ssh.runtime import SshRuntime  # noqa: E402
 from pdlaunch.check.results import Status  # noqa: E402
 from pdlaunch.check.runner import CheckOptions, run_check  # noqa: E402
 from pdlaunch.hosts import ConnectOptions  # noqa: E402
 from pdlaunch.runtime import lifecycle as launch  # noqa: E402
-from pdlaunch.runtime.ssh import SshRuntime  # noqa: E402
 
 GOAL = 1.3
 

@@ -331,9 +331,9 @@ def fanout_topology(
 
 def load_plan(path: Path):
     """The plan of a topology file, refusing one with findings (a benchmark bug)."""
-    from pdlaunch.load import load
-    from pdlaunch.plan import build_plan
+    from pdlaunch.plan.build import build_plan
     from pdlaunch.rules import has_errors, validate
+    from pdlaunch.spec.load import load
 
     topo, source = load(path)
     findings = validate(topo, source)

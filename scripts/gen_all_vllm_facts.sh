@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate pdlaunch/facts/vllm-*.json for every vLLM series pdlaunch supports, each from the
+# Regenerate pdlaunch/spec/facts/vllm-*.json for every vLLM series pdlaunch supports, each from the
 # release's own wheel, and run the matrix check (scripts/check_vllm_matrix.py) against it.
 #
 #   scripts/gen_all_vllm_facts.sh               # every release in VERSIONS

@@ -1,4 +1,5 @@
-"""Generate pdlaunch's plugin profiles (pdlaunch/facts/plugins/*.json) from the plugins' source.
+"""Generate pdlaunch's plugin profiles (pdlaunch/spec/facts/plugins/*.json) from the
+plugins' source.
 
 A profile says what one release of a vLLM device plugin does to a PD deployment: the KV
 connectors it registers or patches (module path, class), the environment variables it reads,
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-OUT = Path(__file__).resolve().parent.parent / "pdlaunch" / "facts" / "plugins"
+OUT = Path(__file__).resolve().parent.parent / "pdlaunch" / "spec" / "facts" / "plugins"
 
 
 class Tree:

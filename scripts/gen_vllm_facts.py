@@ -2,7 +2,7 @@
 
 The control host never imports vLLM, so what `validate` must know about the CLI it renders for
 (every `vllm serve` flag with its value kind and choices, every environment variable vLLM
-reads, the router's flags) ships as data in `pdlaunch/facts/`. This script writes that data
+reads, the router's flags) ships as data in `pdlaunch/spec/facts/`. This script writes that data
 from the parsers themselves:
 
 * `vllm serve`: the parser `vllm` builds (vllm/entrypoints/cli/main.py:91-111,
@@ -24,7 +24,7 @@ ships as its differences from the base (`vllm-0.23.json`: flags/env added and re
 runtime facts), written by running this script with that release's interpreter
 (scripts/gen_all_vllm_facts.sh builds a throwaway venv per release and does so).
 
-    python scripts/gen_vllm_facts.py            # rewrite pdlaunch/facts/*.json
+    python scripts/gen_vllm_facts.py            # rewrite pdlaunch/spec/facts/*.json
     python scripts/gen_vllm_facts.py --check    # exit 1 if the shipped files are stale
     /tmp/vv-0.23.0/bin/python scripts/gen_vllm_facts.py --vllm-only   # one old release
 """
@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # vllm_runtime_facts, 
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "pdlaunch" / "facts"
+OUT = ROOT / "pdlaunch" / "spec" / "facts"
 BASE_SERIES = "0.32"  # ships whole; every other series as differences from it
 
 # Flags the seed guides (written for older vLLM) use that vLLM 0.32's parser no longer has.
@@ -230,7 +230,7 @@ def vllm_facts() -> dict[str, Any]:
 
 
 def as_difference(full: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
-    """`full` written as what differs from `base` (pdlaunch.facts applies it back)."""
+    """`full` written as what differs from `base` (pdlaunch.spec.facts applies it back)."""
     base_flags = {f["dest"]: f for f in base["flags"]}
     own = {f["dest"]: f for f in full["flags"]}
     diff = {k: v for k, v in full.items() if k not in ("flags", "env")}
@@ -243,7 +243,8 @@ def as_difference(full: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
 
 
 def apply_difference(diff: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
-    """The inverse of as_difference (pdlaunch.facts has its own copy: it cannot import this)."""
+    """The inverse of as_difference (pdlaunch.spec.facts has its own copy: it cannot import
+    this)."""
     gone = set(diff["flags_removed"])
     full = {
         k: v

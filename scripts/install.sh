@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 # System packages the tests start for real (Debian): OpenSSH (launch/check over SSH), iproute2
 # and nftables (network-namespace hosts, firewall cases), Slurm and MUNGE (the Slurm backend),
-# podman and runc (engines in containers, tests/containers/; rootful, as CI runs as root).
+# podman and runc (engines in containers, tests/system/containers/; rootful, as CI runs as root).
 # Each is installed only when its command is missing, so a prepared machine is left alone.
 need=()
 have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }

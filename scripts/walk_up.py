@@ -1,8 +1,10 @@
 """Trace one local 1P1D `pdlaunch up` (the tests' stand-in engine and router, no vLLM) and
-count what issue 23 asks of the walk from the CLI to the hosts: the pdlaunch modules it enters
-from the lifecycle's ``up`` on (in order), and the distinct (caller module -> callee module)
-calls whose callee is already on the same thread's call stack, i.e. a call that comes back
-into a module it had left (a callback, a base class, a closure handed down).
+count what issues 23 and 33 ask of the walk from the CLI to the hosts: the pdlaunch modules it
+enters from the lifecycle's ``up`` on (in order; ``WALK_FROM=pdlaunch.cli.launch`` starts at the
+command), the distinct (caller module -> callee module) steps, the steps that climb to a
+higher layer, and the distinct steps whose callee is already on the same thread's call stack,
+i.e. a call that comes back into a module it had left (a callback, a base class, a closure
+handed down).
 
     python scripts/walk_up.py            # prints JSON: modules, comes_back, both lists
 """
@@ -69,6 +71,7 @@ def main(fakes: Path = REPO / "tests" / "support") -> None:
 
     entered: list[str] = []
     back: dict[tuple[str, str], int] = {}
+    steps: dict[tuple[str, str], int] = {}  # caller module -> callee module, each call
     started = threading.Event()
     lock = threading.Lock()
 
@@ -97,6 +100,8 @@ def main(fakes: Path = REPO / "tests" / "support") -> None:
         with lock:
             if m not in entered:
                 entered.append(m)
+            if chain and chain[0] != m:
+                steps[(chain[0], m)] = steps.get((chain[0], m), 0) + 1
             if chain and chain[0] != m and m in chain[1:]:
                 key = (chain[0], m)
                 back[key] = back.get(key, 0) + 1
@@ -112,13 +117,21 @@ def main(fakes: Path = REPO / "tests" / "support") -> None:
     down = runner.invoke(app, ["down", str(topo)])
     if down.exit_code == 0:
         shutil.rmtree(tmp, ignore_errors=True)
+    # A climb: a call from a module into one of a higher layer (tests/packaging/test_layers.py
+    # has the order), which only a callback handed down can make once imports point down.
+    from tests.packaging.test_layers import layer_of
+
+    climbs = sorted((a, b) for a, b in steps if layer_of(b) > layer_of(a))
     out = {
         "up_exit": res.exit_code,
         "down_exit": down.exit_code,
         "modules": len(entered),
+        "steps": len(steps),
+        "climbs": len(climbs),
         "comes_back": len(back),
         "module_order": entered,
         "back_edges": [f"{a} -> {b} ({n}x)" for (a, b), n in sorted(back.items())],
+        "climb_edges": [f"{a} -> {b} ({steps[(a, b)]}x)" for a, b in climbs],
     }
     print(json.dumps(out, indent=1))
     if res.exit_code:

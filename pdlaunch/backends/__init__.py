@@ -1,2 +1,4 @@
-"""Other ways to run the deployment a `Plan` describes: each backend turns the same plan
-(already judged by the rules) into what its platform runs (k8s: Kubernetes manifests)."""
+"""One folder per backend, each everything about running the same plan on one platform:
+:mod:`.ssh` (processes over SSH), :mod:`.slurm` (one batch job), :mod:`.k8s` (manifests).
+A backend that runs deployments implements :class:`pdlaunch.runtime.base.Runtime`; adding
+one is a folder here plus its line in :data:`pdlaunch.runtime.registry.BACKENDS`."""

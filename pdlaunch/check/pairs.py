@@ -16,7 +16,7 @@ from pdlaunch.check.probes.rdma import planned_hcas
 from pdlaunch.check.results import CheckResult, Status
 from pdlaunch.check.targets import HostTarget
 from pdlaunch.hosts import Host, HostError, parallel
-from pdlaunch.plan import Plan, Process
+from pdlaunch.plan.build import Plan, Process
 
 
 def skip_pair(label: str, probe: str, why: str) -> CheckResult:

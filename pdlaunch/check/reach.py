@@ -22,7 +22,7 @@ from pdlaunch.check.probes.ports import (
 from pdlaunch.check.results import CheckResult
 from pdlaunch.check.targets import HostTarget, probe_python
 from pdlaunch.hosts import Host, HostError, parallel
-from pdlaunch.plan import Plan
+from pdlaunch.plan.build import Plan
 
 Holder = tuple[Host, "int | None", Any]  # (host, pid of its listener, the open stream)
 

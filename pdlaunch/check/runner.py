@@ -42,7 +42,7 @@ from pdlaunch.check.report import CheckReport
 from pdlaunch.check.results import CheckResult, Status
 from pdlaunch.check.targets import HostTarget, group_hosts, host_facts, probe_python
 from pdlaunch.hosts import ConnectOptions, Host, HostError, HostPool, parallel
-from pdlaunch.plan import Plan
+from pdlaunch.plan.build import Plan
 
 __all__ = ["CheckOptions", "CheckReport", "group_hosts", "host_jobs", "run_check"]
 

@@ -20,7 +20,7 @@ from typing import Any
 from pdlaunch.check.probes import HostFacts, families_of
 from pdlaunch.check.probes.ucx import uses_rdma
 from pdlaunch.hosts.pool import host_key
-from pdlaunch.plan import Plan, Process
+from pdlaunch.plan.build import Plan, Process
 
 PYTHON_ENV = "PDLAUNCH_PYTHON"
 

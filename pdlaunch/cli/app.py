@@ -17,10 +17,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pdlaunch.load import LoadError, Source, load
-from pdlaunch.plan import Plan, build_plan
+from pdlaunch.plan.build import Plan, build_plan
 from pdlaunch.rules import Finding, has_errors, validate
-from pdlaunch.topology import Topology
+from pdlaunch.spec.load import LoadError, Source, load
+from pdlaunch.spec.topology import Topology
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1  # rule errors, or a failed check

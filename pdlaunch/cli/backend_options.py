@@ -42,7 +42,7 @@ OPTION_BACKENDS: dict[str, frozenset[str]] = {
     "--start-timeout": SLURM,
     "--gpus-per-node": SLURM,
     "--cpus-per-node": SLURM,
-    "--backend-config": SLURM,  # its one block today is slurm: (pdlaunch/backend_settings.py)
+    "--backend-config": SLURM,  # its one block today is slurm: (pdlaunch/spec/backend_settings.py)
     # The manifests.
     "--k8s-target": K8S,
     "--image": K8S,

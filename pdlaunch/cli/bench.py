@@ -15,7 +15,6 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from pdlaunch import bench, benchdisagg, benchhops, hopsplot, kvlease
 from pdlaunch.cli.app import (
     EXIT_FAILED,
     app,
@@ -28,12 +27,17 @@ from pdlaunch.cli.app import (
     print_json,
 )
 from pdlaunch.cli.options import BenchTimeoutOpt, JsonOpt, TopologyArg
-from pdlaunch.health import base_url, get_text, probe
 from pdlaunch.hosts import HostError, LocalHost
-from pdlaunch.plan import Plan
+from pdlaunch.observe import bench
+from pdlaunch.observe import bench_disagg as benchdisagg
+from pdlaunch.observe import bench_hops as benchhops
+from pdlaunch.observe import hops_plot as hopsplot
+from pdlaunch.observe.health import base_url, get_text, probe
+from pdlaunch.plan import lease as kvlease
+from pdlaunch.plan.build import Plan
 from pdlaunch.rules import SLURM_SKIP
 from pdlaunch.runtime import record, record_store
-from pdlaunch.state import StateError
+from pdlaunch.runtime.state import StateError
 
 # The run completed but was not (entirely) disaggregated: its numbers are not a PD result.
 EXIT_NOT_DISAGGREGATED = 3

@@ -1,5 +1,5 @@
 """`canary`: prove a running deployment serves disaggregated on every prefill -> decode pair,
-then through its router (pdlaunch/canary.py), on whichever runtime started it (a Slurm job's
+then through its router (pdlaunch/observe/canary.py), on whichever runtime started it (a Slurm job's
 engines where Slurm placed them). Exit 0 when everything passed, 1 when a pair (or the router
 path) failed, 2 on a wrong argument or a deployment that is not recorded."""
 
@@ -12,8 +12,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from pdlaunch import canary as pairs_canary
-from pdlaunch import doctor, health
+from pdlaunch import doctor
 from pdlaunch.cli.app import EXIT_FAILED, app, bad_input, err, failed, out, print_json
 from pdlaunch.cli.backend_options import check_recorded
 from pdlaunch.cli.options import (
@@ -27,9 +26,11 @@ from pdlaunch.cli.options import (
 from pdlaunch.cli.slurm import RecordedBackendOpt, recorded_backend
 from pdlaunch.cli.targets import resolve_deployment
 from pdlaunch.hosts import ConnectOptions
+from pdlaunch.observe import canary as pairs_canary
+from pdlaunch.observe import health
 from pdlaunch.runtime.record import Record, SlurmHandle
 from pdlaunch.runtime.record_store import find
-from pdlaunch.state import DeploymentState, StateError
+from pdlaunch.runtime.state import DeploymentState, StateError
 
 
 @app.command("canary")

@@ -1,5 +1,5 @@
 """Kubernetes on the command line: its options, declared once, and the manifests
-`render --backend k8s` writes (pdlaunch.backends.k8s*). `export k8s` is the same command
+`render --backend k8s` writes (pdlaunch.backends.k8s.manifests*). `export k8s` is the same command
 under its old name: both call :func:`write`, so their files and output are the same."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from pdlaunch.backends import k8s, k8s_files
+from pdlaunch.backends.k8s import files as k8s_files
+from pdlaunch.backends.k8s import manifests as k8s
 from pdlaunch.cli.app import (
     EXIT_FINDINGS,
     failed,
@@ -23,7 +24,7 @@ from pdlaunch.cli.app import (
     print_error,
     print_json,
 )
-from pdlaunch.plan import build_plan
+from pdlaunch.plan.build import build_plan
 from pdlaunch.rules import RUNTIME_ADDRESSED
 
 

@@ -14,6 +14,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from pdlaunch.backends.slurm.runtime import SlurmRuntime
+from pdlaunch.backends.ssh.runtime import SshRuntime
 from pdlaunch.check.runner import CheckOptions, run_check
 from pdlaunch.cli import slurm as slurm_cli
 from pdlaunch.cli import watch_cmd as watch_cli
@@ -63,13 +65,11 @@ from pdlaunch.cli.slurm import (
 from pdlaunch.cli.targets import resolve_deployment
 from pdlaunch.hosts import HostError
 from pdlaunch.hosts.options import ConnectOptions
-from pdlaunch.plan import Plan
+from pdlaunch.plan.build import Plan
 from pdlaunch.runtime import lifecycle as launch
 from pdlaunch.runtime.base import Runtime
 from pdlaunch.runtime.record_store import RecordFormatError, load_state
-from pdlaunch.runtime.slurm import SlurmRuntime
-from pdlaunch.runtime.ssh import SshRuntime
-from pdlaunch.state import StateError
+from pdlaunch.runtime.state import StateError
 
 ERRORS = (launch.LaunchError, StateError, HostError)
 
@@ -114,6 +114,13 @@ def _failure_json(exc: Exception) -> dict[str, Any]:
 def runtime_for(backend: str, connect: ConnectOptions | None = None) -> Runtime:
     """The runtime of a backend name (`--backend`, or the one a record names)."""
     return SlurmRuntime() if backend == "slurm" else SshRuntime(connect)
+
+
+def _doctor_findings(launch_: Any) -> list[Any]:
+    """What doctor finds in the logs and metrics of a launch whose canary failed."""
+    from pdlaunch import doctor  # only on failure: it reads every log
+
+    return doctor.diagnose(launch_.state, launch_.pool, lines=300)
 
 
 def _preflight(plan: Plan, connect: ConnectOptions, launch_: Any, as_json: bool) -> None:
@@ -190,6 +197,7 @@ def up_cmd(
         replace=replace,
         stop_grace=grace,
         topology_path=str(topology.resolve()),
+        explain=_doctor_findings,
     )
     if chosen == "slurm":
         plan, _, _, opts.slurm = slurm_cli.validated(topology, flags, as_json)

@@ -1,5 +1,5 @@
 """The Slurm backend on the command line (`--backend slurm`): its flags, declared once, the
-options they make, and what `render` and `validate` do with them (pdlaunch.backends.slurm*).
+options they make, and what `render` and `validate` do with them (pdlaunch.backends.slurm.job*).
 `up`, `down`, `status` and `logs` run the one lifecycle (pdlaunch.runtime.lifecycle) on the
 Slurm runtime (cli/launch.py); this module knows no command module (layer 1, like targets).
 
@@ -20,11 +20,11 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from pdlaunch.backend_settings import SlurmSettings, merged
-from pdlaunch.backends import slurm, slurm_rules
-from pdlaunch.backends.slurm import SlurmError, SlurmOptions
-from pdlaunch.backends.slurm_client import expand_hostlist, partition_limits
-from pdlaunch.backends.slurm_record import SlurmRunError
+from pdlaunch.backends.slurm import job as slurm
+from pdlaunch.backends.slurm import rules as slurm_rules
+from pdlaunch.backends.slurm.client import expand_hostlist, partition_limits
+from pdlaunch.backends.slurm.job import SlurmError, SlurmOptions
+from pdlaunch.backends.slurm.record import SlurmRunError
 from pdlaunch.cli.app import (
     EXIT_FINDINGS,
     bad_input,
@@ -39,12 +39,13 @@ from pdlaunch.cli.app import (
     print_json,
     refuse,
 )
-from pdlaunch.load import LoadError, load_backend_config
-from pdlaunch.plan import Plan, build_plan
-from pdlaunch.render import RenderedFile, plan_json, write_files
+from pdlaunch.plan.build import Plan, build_plan
+from pdlaunch.plan.render import RenderedFile, plan_json, write_files
 from pdlaunch.rules import SLURM_SKIP, Finding, has_errors, validate
 from pdlaunch.runtime import record_store
-from pdlaunch.state import StateError
+from pdlaunch.runtime.state import StateError
+from pdlaunch.spec.backend_settings import SlurmSettings, merged
+from pdlaunch.spec.load import LoadError, load_backend_config
 
 
 class Backend(str, Enum):
@@ -249,7 +250,7 @@ def _nodes(text: str) -> tuple[str, ...]:
 
 def settings(flags: SlurmFlags, block: SlurmSettings | None, as_json: bool) -> dict[str, Any]:
     """The Slurm settings of this run: the topology's ``slurm:`` block, then the
-    ``--backend-config`` file's, then the flags typed (pdlaunch/backend_settings.py). Exit 2
+    ``--backend-config`` file's, then the flags typed (pdlaunch/spec/backend_settings.py). Exit 2
     with the file, line and key of a bad value in the file."""
     layers = [block.given() if block is not None else {}]
     if flags.backend_config is not None:

@@ -13,7 +13,6 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from pdlaunch import kvgeometry
 from pdlaunch.cli import k8s as k8s_cli
 from pdlaunch.cli import slurm as slurm_cli
 from pdlaunch.cli.app import (
@@ -43,10 +42,11 @@ from pdlaunch.cli.slurm import (
     StartTimeoutOpt,
     TimeOpt,
 )
-from pdlaunch.kvpath import PairPath
-from pdlaunch.plan import KvPair, Process
-from pdlaunch.render import render_plan, write_files
-from pdlaunch.topology import Topology
+from pdlaunch.plan import kv_geometry as kvgeometry
+from pdlaunch.plan.build import KvPair, Process
+from pdlaunch.plan.kv_path import PairPath
+from pdlaunch.plan.render import render_plan, write_files
+from pdlaunch.spec.topology import Topology
 
 
 class SpecBackend(str, Enum):
@@ -164,7 +164,7 @@ PATH_LABELS = {
 def kv_path_lines(paths: Iterable[PairPath | KvPair], width: int = 80) -> list[str]:
     """`KV prefill-0 -> decode-0: plugin (native)` and the reason below it, wrapped to fit
     `width` columns, one per distinct pair geometry: who post-processes the KV pages
-    (pdlaunch/kvpath.py)."""
+    (pdlaunch/plan/kv_path.py)."""
     lines = []
     for p in paths:
         kind = p.kind if isinstance(p, PairPath) else p.path

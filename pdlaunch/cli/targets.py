@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pdlaunch.cli.app import bad_input, load_or_exit
 from pdlaunch.runtime.record_store import list_deployments
-from pdlaunch.state import state_root
+from pdlaunch.runtime.state import state_root
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 

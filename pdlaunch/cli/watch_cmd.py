@@ -1,6 +1,6 @@
 """`status --watch`: every engine's counters, read where the deployment's record says each
 engine listens (over SSH the plan's address, under Slurm its node's), judged by
-:mod:`pdlaunch.watch` each refresh."""
+:mod:`pdlaunch.observe.watch` each refresh."""
 
 from __future__ import annotations
 
@@ -10,16 +10,19 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from pdlaunch import doctor, health, kvlease
-from pdlaunch import watch as watch_mod
+from pdlaunch import doctor
 from pdlaunch.cli.app import EXIT_FAILED, failed, out, print_json
+from pdlaunch.observe import health
+from pdlaunch.observe import watch as watch_mod
+from pdlaunch.plan import lease as kvlease
 from pdlaunch.runtime import record, record_store
-from pdlaunch.state import StateError
+from pdlaunch.runtime.state import StateError
 
 
 def watch(deployment: str, backend: str, interval: float, count: int | None, as_json: bool) -> None:
-    """Read every engine's /metrics each ``interval`` and print what changed (pdlaunch.watch),
-    where the deployment's record says each engine listens (a Slurm job: on its node)."""
+    """Read every engine's /metrics each ``interval`` and print what changed
+    (pdlaunch.observe.watch), where the deployment's record says each engine listens (a Slurm
+    job: on its node)."""
     try:
         rec = record_store.find(deployment, backend)
     except StateError as exc:

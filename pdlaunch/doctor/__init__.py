@@ -30,16 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pdlaunch.backends.slurm.doctor import slurm_running, slurm_state
 from pdlaunch.doctor import bundle as _bundle
 from pdlaunch.doctor.collect import TopologyFile, collect, load_topology
 from pdlaunch.doctor.diagnose import CHECKS, Finding, diagnose_evidence, match
 from pdlaunch.doctor.evidence import Evidence, HostVersions, ProcessEvidence
 from pdlaunch.doctor.signatures import Signature, SignatureError, signatures
-from pdlaunch.doctor.slurm import slurm_running, slurm_state
 from pdlaunch.hosts import ConnectOptions, HostPool
 from pdlaunch.runtime.record import Record, SshHandle
 from pdlaunch.runtime.record_store import find
-from pdlaunch.state import DeploymentState, StateError
+from pdlaunch.runtime.state import DeploymentState, StateError
 
 __all__ = [
     "CHECKS",
@@ -99,7 +99,7 @@ def host_pool(rec: Record, connect: ConnectOptions) -> HostPool:
 
 def state_of(rec: Record) -> DeploymentState:
     """The per-process view the gathering reads: an SSH deployment's own state, a Slurm
-    job's processes where Slurm placed them (pdlaunch.doctor.slurm)."""
+    job's processes where Slurm placed them (pdlaunch.backends.slurm.doctor)."""
     if rec.backend == "slurm":
         return slurm_state(rec)
     return rec.native

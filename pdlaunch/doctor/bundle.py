@@ -37,9 +37,9 @@ from pdlaunch import __version__
 from pdlaunch.doctor.collect import TopologyFile
 from pdlaunch.doctor.diagnose import Finding
 from pdlaunch.doctor.evidence import Evidence
-from pdlaunch.render import plan_json, render_plan
+from pdlaunch.plan.render import plan_json, render_plan
 from pdlaunch.runtime.record import Record
-from pdlaunch.state import DeploymentState
+from pdlaunch.runtime.state import DeploymentState
 
 REDACTED = "[REDACTED]"
 FORMAT = 1

@@ -1,7 +1,7 @@
 """Gathering: every recorded process's log tail and /metrics, every host's software versions.
 
 Logs are read through the hosts layer (:meth:`Host.read_log` on the pool's connection, local or
-SSH), metrics over HTTP from the control host (:mod:`pdlaunch.health`, proxies off, with a
+SSH), metrics over HTTP from the control host (:mod:`pdlaunch.observe.health`, proxies off, with a
 timeout). Nothing here raises for a host or a process that does not answer: the failure is
 recorded in the evidence and becomes a finding, so one dead node never hides the others.
 """
@@ -20,13 +20,13 @@ from typing import Any
 
 from pdlaunch.check.probes.versions import SNIPPET as CHECK_VERSIONS_SNIPPET
 from pdlaunch.doctor.evidence import Evidence, HostVersions, ProcessEvidence
-from pdlaunch.health import HttpError, get_text
 from pdlaunch.hosts import HostError, HostPool, parallel, sh_quote_path
-from pdlaunch.load import LoadError, load_text, read_text
-from pdlaunch.plan import Plan, Process, build_plan
+from pdlaunch.observe.health import HttpError, get_text
+from pdlaunch.plan.build import Plan, Process, build_plan
 from pdlaunch.rules import has_errors, validate
 from pdlaunch.runtime.record import metrics_url_of
-from pdlaunch.state import DeploymentState, ProcessState
+from pdlaunch.runtime.state import DeploymentState, ProcessState
+from pdlaunch.spec.load import LoadError, load_text, read_text
 
 PYTHON_ENV = "PDLAUNCH_PYTHON"  # the same override `pdlaunch check` honours
 
@@ -224,7 +224,7 @@ def collect_versions(
 def collect_running(state: DeploymentState, pool: HostPool) -> dict[str, tuple[str, str]]:
     """{process: (running, detail)} by the survey `status` and `down` make (the leader and
     every process holding its log), on a copy: the record is not changed."""
-    from pdlaunch.runtime.ssh.records import survey  # the runtime depends on far more
+    from pdlaunch.backends.ssh.records import survey  # the runtime depends on far more
 
     seen = copy.deepcopy(state)
     found = survey(seen, pool)

@@ -4,7 +4,8 @@
   reports each signature once per process, with the first matching line, its number in the
   tail, and how many lines matched (a dead peer can log the same failure thousands of times).
 * :func:`metrics_findings` reads an engine's ``/metrics``: the same counters the ``up`` canary
-  reads (``vllm:prompt_tokens_by_source_total``, parsed by :func:`pdlaunch.health.metric_sum`)
+  reads (``vllm:prompt_tokens_by_source_total``, parsed by
+  :func:`pdlaunch.observe.health.metric_sum`)
   show a decode that recomputes prompts instead of loading KV, with no log line to say so.
 * :func:`plan_findings` joins a finding with the plan: a router whose pooled connections are
   closed under it, and engines that keep vLLM's 5 s keep-alive.
@@ -20,12 +21,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from pdlaunch import kvlease
 from pdlaunch.doctor import nongen
 from pdlaunch.doctor.evidence import Evidence, ProcessEvidence
 from pdlaunch.doctor.signatures import Severity, Signature, signatures
-from pdlaunch.health import PROMPT_TOKENS_BY_SOURCE, metric_sum
-from pdlaunch.plan import Plan
+from pdlaunch.observe.health import PROMPT_TOKENS_BY_SOURCE, metric_sum
+from pdlaunch.plan import lease as kvlease
+from pdlaunch.plan.build import Plan
 
 Kind = Literal["log", "metrics", "plan", "collect"]
 
@@ -216,7 +217,7 @@ CHECKS: tuple[Check, ...] = (
         "The process's /metrics did not answer.",
         "The process is down, still starting, or not reachable from the control host.",
         "`pdlaunch status`; check the process's log.",
-        "pdlaunch.health",
+        "pdlaunch.observe.health",
     ),
 )
 CHECKS_BY_ID = {c.id: c for c in CHECKS}

@@ -23,10 +23,7 @@ container).
 
 from __future__ import annotations
 
-import os
-from dataclasses import replace
-
-from pdlaunch.addresses import LOCAL_ADDRESSES, is_local_control_host
+from pdlaunch.spec.addresses import LOCAL_ADDRESSES
 
 from .errors import (
     CommandError,
@@ -41,6 +38,7 @@ from .errors import (
 from .host import Host
 from .local import LocalHost
 from .logs import LogFollower
+from .opening import is_local_address, open_host
 from .options import ConnectOptions
 from .parallel import parallel
 from .pool import HostPool, ssh_settings
@@ -78,43 +76,3 @@ __all__ = [
     "ssh_settings",
 ]
 
-# One notion of "needs no SSH" for the hosts layer and the plan (pdlaunch/addresses.py).
-is_local_address = is_local_control_host
-
-
-def open_host(
-    address: str,
-    *,
-    ssh: SshSettings | None = None,
-    force_ssh: bool = False,
-    accept_new_host_keys: bool = False,
-    known_hosts: str | os.PathLike | None = None,
-    connect_timeout: float | None = None,
-    ssh_config_file: str | os.PathLike | None = None,
-    connect: bool = True,
-) -> Host:
-    """A Host for ``address`` (as written in the topology).
-
-    127.0.0.1 / localhost / ::1 give a LocalHost unless ``force_ssh``. Otherwise an SshHost,
-    connected right away when ``connect`` (so unreachable hosts, auth and host-key problems
-    raise HostConnectionError/HostAuthError/HostKeyError here). ``known_hosts``: an extra
-    known_hosts file, loaded in addition to the system and user ones and, with
-    ``accept_new_host_keys``, the one new keys are recorded in (default: ~/.ssh/known_hosts or
-    ssh_config's UserKnownHostsFile). ``connect_timeout`` overrides ``ssh.connect_timeout``.
-    ``ssh_config_file`` replaces ~/.ssh/config and /etc/ssh/ssh_config (like ``ssh -F``).
-    """
-    if not force_ssh and is_local_address(address):
-        return LocalHost(address)
-    settings = ssh or SshSettings()
-    if connect_timeout is not None:
-        settings = replace(settings, connect_timeout=connect_timeout)
-    host = SshHost(
-        address,
-        settings,
-        accept_new_host_keys=accept_new_host_keys,
-        known_hosts=known_hosts,
-        ssh_config_file=ssh_config_file,
-    )
-    if connect:
-        host.connect()
-    return host

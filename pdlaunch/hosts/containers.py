@@ -16,13 +16,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pdlaunch.containers import ENGINE_RUNTIMES, LABEL_DEPLOYMENT, LABEL_PROCESS
 from pdlaunch.hosts.errors import HostError
 from pdlaunch.hosts.host import Host
 from pdlaunch.hosts.shell import script, sh_quote_path
+from pdlaunch.plan.containers import ENGINE_RUNTIMES, LABEL_DEPLOYMENT, LABEL_PROCESS
 
 if TYPE_CHECKING:  # the hosts layer does not import the plan at run time
-    from pdlaunch.plan import Process
+    from pdlaunch.plan.build import Process
 
 
 @dataclass(frozen=True)

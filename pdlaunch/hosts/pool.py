@@ -15,6 +15,7 @@ from typing import Any
 from .errors import HostError
 from .host import Host
 from .local import LocalHost
+from .opening import open_host
 from .options import ConnectOptions
 from .parallel import parallel
 from .ssh import SshSettings
@@ -88,8 +89,6 @@ class HostPool:
             return h
 
     def _open_ssh(self, host: str, ssh: dict[str, Any]) -> Host:
-        from . import open_host  # the package's factory; imported late (it imports this module)
-
         o = self.options
         return open_host(
             host,

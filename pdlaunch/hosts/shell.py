@@ -40,7 +40,7 @@ def with_args(name: str, *words: str, libs: tuple[str, ...] = ()) -> str:
 
 
 # The owned-script guard (sh/exec-owned.sh): the SSH start command and the Slurm node runner
-# (pdlaunch.backends.slurm renders it into templates/slurm/node-runner.sh.j2) end with it.
+# (pdlaunch.backends.slurm.job renders it into templates/slurm/node-runner.sh.j2) end with it.
 EXEC_OWNED = script("exec-owned.sh")
 
 

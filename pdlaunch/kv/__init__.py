@@ -29,7 +29,7 @@ TESTED_VLLM_VERSIONS = ("0.32.0",)
 def agreed_block_size(sizes: Iterable[int]) -> int:
     """The block size every prefill and decode block is a multiple of: their GCD.
 
-    The one definition for the control host (pdlaunch.kvgeometry) and the connector inside
+    The one definition for the control host (pdlaunch.plan.kv_geometry) and the connector inside
     vLLM (which derives it when the config leaves it out), so the two cannot disagree.
     """
     values = [int(s) for s in sizes]

@@ -1,5 +1,5 @@
 """Rules on what reaches vLLM and the router besides the derived values: `extra_args`, `env:`
-and secret references. Flags are read the way the real parsers read them (pdlaunch.facts),
+and secret references. Flags are read the way the real parsers read them (pdlaunch.spec.facts),
 so `--block_size=32`, `--blo 32` and `--block-size 32` are one flag, as they are to vLLM.
 """
 
@@ -10,16 +10,16 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from pdlaunch import facts, plugins
-from pdlaunch.addresses import address_key
-from pdlaunch.devices import profile
-from pdlaunch.load import FieldPath
-from pdlaunch.nodeenv import managed_env
-from pdlaunch.ports import all_nodes
+from pdlaunch.plan.env import managed_env
+from pdlaunch.plan.ports import all_nodes
 from pdlaunch.rules.base import NIXL, Finding, error, rule, warning
-from pdlaunch.topology import SECRET_MARK, SECRET_REF, Instance, Topology, instance_name
+from pdlaunch.spec import facts, plugins
+from pdlaunch.spec.addresses import address_key
+from pdlaunch.spec.devices import profile
+from pdlaunch.spec.load import FieldPath
+from pdlaunch.spec.topology import SECRET_MARK, SECRET_REF, Instance, Topology, instance_name
 
-GENERATOR = "pdlaunch/facts (scripts/gen_vllm_facts.py)"
+GENERATOR = "pdlaunch/spec/facts (scripts/gen_vllm_facts.py)"
 
 # vLLM destinations the plan derives -> the topology key that sets them. The spelling a user
 # writes is resolved to its destination by the parser facts, so every alias is covered.
@@ -479,7 +479,7 @@ def removed_setting(topo: Topology) -> Iterator[Finding]:
 @rule(
     "connector-module",
     "the KV connector class loads on each node's plugin build the way vLLM's factory looks it up",
-    "vllm/distributed/kv_transfer/kv_connector/factory.py:103-126; pdlaunch/facts/plugins/",
+    "vllm/distributed/kv_transfer/kv_connector/factory.py:103-126; pdlaunch/spec/facts/plugins/",
 )
 def connector_module(topo: Topology) -> Iterator[Finding]:
     if topo.kv_connector.kind != "mooncake":

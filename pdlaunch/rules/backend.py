@@ -1,11 +1,11 @@
-"""Rules about backend settings in the topology (pdlaunch/backend_settings.py)."""
+"""Rules about backend settings in the topology (pdlaunch/spec/backend_settings.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 from pdlaunch.rules.base import Finding, rule, warning
-from pdlaunch.topology import Topology
+from pdlaunch.spec.topology import Topology
 
 UNUSED_BACKEND_BLOCK = "unused-backend-block"
 

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from pdlaunch.load import FieldPath, Source, dotted, where
-from pdlaunch.topology import Topology
+from pdlaunch.spec.load import FieldPath, Source, dotted, where
+from pdlaunch.spec.topology import Topology
 
 Severity = Literal["error", "warning"]
 NIXL = "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py"

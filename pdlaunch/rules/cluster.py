@@ -5,17 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pdlaunch.addresses import (
-    host_key,
-    is_ip_literal,
-    is_loopback,
-    is_unspecified,
-    same_address,
-    same_machine,
-)
-from pdlaunch.devices import profile
-from pdlaunch.load import FieldPath
-from pdlaunch.ports import (
+from pdlaunch.plan.ports import (
     SIDE_CHANNEL_SOURCE,
     Listeners,
     PortUse,
@@ -34,7 +24,17 @@ from pdlaunch.rules.base import (
     rule,
     warning,
 )
-from pdlaunch.topology import Topology
+from pdlaunch.spec.addresses import (
+    host_key,
+    is_ip_literal,
+    is_loopback,
+    is_unspecified,
+    same_address,
+    same_machine,
+)
+from pdlaunch.spec.devices import profile
+from pdlaunch.spec.load import FieldPath
+from pdlaunch.spec.topology import Topology
 
 
 @rule("unique-names", "instance and process names are unique", "pdlaunch plan")
@@ -111,7 +111,7 @@ def dp_shape(topo: Topology) -> Iterator[Finding]:
 @rule("port-conflict", "no two listeners on one machine bind one port", SIDE_CHANNEL_SOURCE)
 def port_conflict(topo: Topology) -> Iterator[Finding]:
     """Two uses of a port clash only on the same machine with overlapping binds (one address,
-    or either a wildcard): pdlaunch.addresses.listeners_clash, which the side-channel
+    or either a wildcard): pdlaunch.spec.addresses.listeners_clash, which the side-channel
     allocation (ports.py) asks too."""
     bases = side_channel_bases(topo)
     mooncake = mooncake_settings(topo)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 
-from pdlaunch.containers import settings
-from pdlaunch.devices import RDMA_DEVICES, profile
-from pdlaunch.load import FieldPath
+from pdlaunch.plan.containers import settings
 from pdlaunch.rules.base import SEED_ASCEND, SEED_HETERO, Finding, error, rule, warning
-from pdlaunch.topology import Container, Instance, Topology
+from pdlaunch.spec.devices import RDMA_DEVICES, profile
+from pdlaunch.spec.load import FieldPath
+from pdlaunch.spec.topology import Container, Instance, Topology
 
 SOURCE = "pdlaunch render (containers.py run_argv)"
 # Flags the rendered `run` sets itself: giving them again would break what `down` relies on

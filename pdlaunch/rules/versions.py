@@ -2,7 +2,7 @@
 what the plan renders for a node must be what that release reads, and a prefill and a decode
 on different releases must be able to complete the NIXL handshake.
 
-Every fact comes from the release's facts (pdlaunch/facts, generated from its wheel by
+Every fact comes from the release's facts (pdlaunch/spec/facts, generated from its wheel by
 scripts/gen_vllm_facts.py), each with the wheel's file:line, so a finding cites the source
 lines that show it.
 """
@@ -12,16 +12,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pdlaunch import facts, kvreaders, plugins
 from pdlaunch import kv as kv_extension
-from pdlaunch.devices import profile
-from pdlaunch.load import FieldPath
-from pdlaunch.nodeenv import derived_env
-from pdlaunch.ports import Node, all_nodes
+from pdlaunch.plan import kv_readers as kvreaders
+from pdlaunch.plan.env import derived_env
+from pdlaunch.plan.ports import Node, all_nodes
 from pdlaunch.rules.base import Finding, error, rule, warning
-from pdlaunch.topology import Topology, instance_name
+from pdlaunch.spec import facts, plugins
+from pdlaunch.spec.devices import profile
+from pdlaunch.spec.load import FieldPath
+from pdlaunch.spec.topology import Topology, instance_name
 
-GENERATOR = "pdlaunch/facts (scripts/gen_vllm_facts.py)"
+GENERATOR = "pdlaunch/spec/facts (scripts/gen_vllm_facts.py)"
 # The vLLM modules pdlaunch/kv/connector.py imports (its lines 39-60).
 _NIXL_PKG = "vllm/distributed/kv_transfer/kv_connector/v1/nixl/"
 EXTENSION_IMPORTS = tuple(
@@ -51,7 +52,7 @@ def _version_path(topo: Topology, node: Node) -> FieldPath:
 def _planned(topo: Topology, node: Node) -> tuple[list[str], dict[str, Any]] | None:
     """The node's derived argv (without the user's extra_args, judged by unknown-flag) and its
     --kv-transfer-config, as the plan renders them."""
-    from pdlaunch import plan  # plan imports the modules the rules use, not the rules
+    from pdlaunch.plan import build as plan  # it imports the modules the rules use, not the rules
 
     try:
         argv = plan.serve_argv(topo, node)
@@ -95,7 +96,7 @@ def version_render(topo: Topology) -> Iterator[Finding]:
             "a prefill that re-blocks (pdlaunch's KV extension, or a plugin's native "
             "post-processing) reads it, and here stock NIXL moves the prefill's own blocks",
             "remove agreed_block_size (or `auto`); set it only where a prefill re-blocks",
-            "pdlaunch/kvreaders.py; each release's runtime.nixl.extra_config_keys",
+            "pdlaunch/plan/kv_readers.py; each release's runtime.nixl.extra_config_keys",
         )
 
 
@@ -136,7 +137,7 @@ def _render_problems(
                     "setting would be ignored silently",
                     _kv_fix(key),
                     f"{vf.nixl.get('files', ['nixl'])[0]} (reads: "
-                    f"{', '.join(sorted(reads)) or 'none'}); pdlaunch/kvreaders.py",
+                    f"{', '.join(sorted(reads)) or 'none'}); pdlaunch/plan/kv_readers.py",
                 )
     module = cfg.get("kv_connector_module_path")
     if module == kv_extension.CONNECTOR_MODULE_PATH and not any(
@@ -307,7 +308,7 @@ def _short(value: Any) -> str:
 @rule(
     "plugin-vllm",
     "each instance's plugin profile is the release built for the instance's vLLM series",
-    "pdlaunch/facts/plugins/ (each profile's `vllm`, read from the plugin's source)",
+    "pdlaunch/spec/facts/plugins/ (each profile's `vllm`, read from the plugin's source)",
 )
 def plugin_vllm(topo: Topology) -> Iterator[Finding]:
     for role, i, inst in topo.instances():
@@ -337,5 +338,6 @@ def plugin_vllm(topo: Topology) -> Iterator[Finding]:
             "vLLM internals, so on another series its connector, env and KV layout facts may "
             "not hold (or it fails to import)",
             fix,
-            f"pdlaunch/facts/plugins/{prof.id}.json: {prof.vllm_note} ({prof.origin} {prof.ref})",
+            f"pdlaunch/spec/facts/plugins/{prof.id}.json: {prof.vllm_note} "
+            f"({prof.origin} {prof.ref})",
         )

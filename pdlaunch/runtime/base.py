@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pdlaunch.plan import Plan, Process
+from pdlaunch.plan.build import Plan, Process
 
 if TYPE_CHECKING:
     import threading
@@ -177,7 +177,8 @@ class Observation:
 
 
 class Runtime(ABC):
-    """A backend: SSH (`pdlaunch.runtime.ssh`), Slurm (`pdlaunch.runtime.slurm`)."""
+    """A backend: SSH (`pdlaunch.backends.ssh.runtime`), Slurm
+    (`pdlaunch.backends.slurm.runtime`)."""
 
     name: str
 

@@ -7,8 +7,8 @@ part `status`, `down`, `doctor`, `logs` and `bench` read on every backend) with 
 per-backend ``handle`` on the record and on each process (SSH: pids, start times, pid files,
 script hashes, the SSH settings it was reached with, its container; Slurm: job id, driver
 script and log, each process's component and node), and the conversions between it and each
-runtime's working view (:class:`pdlaunch.state.DeploymentState` for SSH,
-:class:`pdlaunch.backends.slurm_record.SlurmRecord` for Slurm). A conversion to a working
+runtime's working view (:class:`pdlaunch.runtime.state.DeploymentState` for SSH,
+:class:`pdlaunch.backends.slurm.record.SlurmRecord` for Slurm). A conversion to a working
 view re-runs that view's own checks (pids above 1, every path the one the plan gives it in the
 deployment's own work dir, a Slurm job id): a record edited to name the wrong process or file
 is refused, never acted on.
@@ -29,16 +29,13 @@ The record never holds a secret value (names only).
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from pdlaunch import health
-from pdlaunch.state import DeploymentState, StateError
-from pdlaunch.topology import Ssh
-
-if TYPE_CHECKING:
-    from pdlaunch.backends.slurm_record import SlurmRecord
+from pdlaunch.observe import health
+from pdlaunch.runtime.state import DeploymentState, StateError
+from pdlaunch.spec.topology import Ssh
 
 FORMAT = 2
 RECORD_FILE = "record.json"
@@ -349,96 +346,3 @@ def to_state(rec: Record) -> DeploymentState:
         "secret_names": h.secret_names,
     }  # fmt: skip
     return DeploymentState.parse(json.dumps(data), rec.deployment)
-
-
-# -- Slurm: SlurmRecord <-> Record ----------------------------------------------------------------
-def from_slurm(
-    srec: SlurmRecord,
-    placed: dict[str, tuple[str | None, str | None]] | None = None,
-    job_state: str | None = None,
-    job_detail: str = "",
-    source: str = "",
-) -> Record:
-    """The Slurm runtime's working view (also what a format-1 ``slurm.json`` holds) as a
-    record. ``placed``: process name -> (node, base URL on it) as Slurm placed the job (None:
-    not asked, or the job does not run)."""
-    placed = placed or {}
-    procs = []
-    for p in srec.processes:
-        node, base = placed.get(p.name, (None, None))
-        url = base + (p.health_path or "/health") if base else None
-        procs.append(
-            RecordedProcess(
-                name=p.name,
-                role=p.role,
-                host=node,
-                log_path=p.log_path,
-                log_local=True,
-                work_dir=p.work_dir,
-                health_url=url,
-                metrics_url=metrics_url_of(p.role, url, p.metrics_port),
-                dp_ranks=list(p.dp_ranks),
-                handle=SlurmProcessHandle(
-                    component=p.component,
-                    node=p.node,
-                    port=p.port,
-                    health_path=p.health_path,
-                    script_path=p.script_path,
-                    secrets_path=p.secrets_path,
-                    metrics_port=p.metrics_port,
-                ),
-            )
-        )
-    rec = Record(
-        backend="slurm",
-        deployment=srec.deployment,
-        status=srec.status,
-        served_model_name=srec.served_model_name,
-        endpoint=placed.get("router", (None, None))[1],
-        created_at=srec.submitted_at,
-        updated_at=srec.updated_at,
-        processes=procs,
-        handle=SlurmHandle(
-            job_id=srec.job_id,
-            script=srec.script,
-            driver_log=srec.driver_log,
-            model=srec.model,
-            components=[list(c) for c in srec.components],
-            scripts_hash=srec.scripts_hash,
-            job_state=job_state,
-            job_detail=job_detail,
-            job_dir=srec.job_dir,
-            work_dirs=srec.work_dirs,
-        ),
-        source=source,
-    )
-    rec._native = srec
-    return rec
-
-
-def to_slurm(rec: Record) -> SlurmRecord:
-    """The Slurm runtime's working view of ``rec``, through its own checks (ValueError naming
-    the first bad field: a job id that is not one, a path outside the deployment's dirs)."""
-    from pdlaunch.backends.slurm_record import SlurmRecord  # the Slurm layer, only for Slurm
-
-    h = rec.handle
-    assert isinstance(h, SlurmHandle)
-    procs = []
-    for p in rec.processes:
-        ph = p.handle
-        assert isinstance(ph, SlurmProcessHandle)
-        procs.append({
-            "name": p.name, "role": p.role, "component": ph.component, "node": ph.node,
-            "port": ph.port, "health_path": ph.health_path, "log_path": p.log_path,
-            "work_dir": p.work_dir, "script_path": ph.script_path,
-            "secrets_path": ph.secrets_path, "metrics_port": ph.metrics_port,
-            "dp_ranks": p.dp_ranks,
-        })  # fmt: skip
-    data = {
-        "deployment": rec.deployment, "job_id": h.job_id, "script": h.script,
-        "driver_log": h.driver_log, "model": h.model,
-        "served_model_name": rec.served_model_name, "components": h.components,
-        "processes": procs, "status": rec.status, "scripts_hash": h.scripts_hash,
-        "submitted_at": rec.created_at, "updated_at": rec.updated_at, "backend": "slurm",
-    }  # fmt: skip
-    return SlurmRecord.parse(json.dumps(data), rec.deployment)

@@ -3,7 +3,7 @@ deployment, whichever runtime started it.
 
 Layout: ``$PDLAUNCH_STATE_DIR/<deployment>/`` (default ``~/.local/state/pdlaunch/``) holds
 ``record.json`` (format 2, :mod:`pdlaunch.runtime.record`), written atomically after every
-change, and ``lock`` (:class:`pdlaunch.state.DeploymentLock`).
+change, and ``lock`` (:class:`pdlaunch.runtime.state.DeploymentLock`).
 
 Migration. A deployment started before format 2 has ``state.json`` (SSH) or ``slurm.json``
 (Slurm) instead, format 1: read as a record all the same, and the next write puts
@@ -24,12 +24,11 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from pdlaunch.fsutil import atomic_write
-from pdlaunch.state import (
+from pdlaunch.runtime.state import (
     DeploymentState,
     StateError,
     deployment_dir,
@@ -37,24 +36,19 @@ from pdlaunch.state import (
     validation_message,
 )
 
+from . import registry
 from .record import (
     BACKENDS,
     FORMAT,
     RECORD_FILE,
-    UNKNOWN,
     OtherBackendError,
     Record,
     RecordError,
     RecordFormatError,
     SlurmHandle,
-    from_slurm,
     from_state,
-    to_slurm,
     to_state,
 )
-
-if TYPE_CHECKING:
-    from pdlaunch.backends.slurm_record import SlurmRecord
 
 #: format 1: each backend's own file (read and migrated, never written)
 LEGACY_FILES = {"ssh": "state.json", "slurm": "slurm.json"}
@@ -77,10 +71,8 @@ def list_deployments() -> list[str]:
 # -- reading one file -----------------------------------------------------------------------------
 def by_hand(deployment: str, backend: str | None, path: Path) -> str:
     """What to do when a record cannot be trusted or read (nothing was stopped)."""
-    if backend == "slurm":
-        from pdlaunch.backends.slurm_record import by_hand as slurm_by_hand
-
-        return slurm_by_hand(deployment, path)
+    if backend in registry.RECORD_VIEWS:
+        return registry.record_view(backend).by_hand(deployment, path)
     return ""
 
 
@@ -128,20 +120,23 @@ def read_file(path: Path, deployment: str | None = None) -> Record:
                 raise ValueError(
                     f"deployment is {rec.deployment!r}, in the directory of {deployment!r}"
                 )
-            native = to_state(rec) if rec.backend == "ssh" else to_slurm(rec)
+            native = (
+                to_state(rec)
+                if rec.backend == "ssh"
+                else registry.record_view(rec.backend).to_native(rec)
+            )
         elif path.name == RECORD_FILE:
             raise ValueError(f"format is {fmt!r}, not {FORMAT}")
         elif fmt is not None and fmt != 1:
             raise ValueError(f"format is {fmt!r}, not 1")
-        elif backend == "slurm":
-            from pdlaunch.backends.slurm_record import SlurmRecord
-
-            native = SlurmRecord.parse(text, deployment)
+        elif backend is not None and backend in registry.RECORD_VIEWS:
+            native = registry.record_view(backend).parse_legacy(text, deployment)
         else:
             native = DeploymentState.parse(text, deployment)
         if isinstance(native, DeploymentState):
             return from_state(native, str(path))
-        return from_slurm(native, source=str(path))
+        assert backend is not None
+        return registry.record_view(backend).from_native(native, source=str(path))
     except ValidationError as exc:
         why = validation_message(exc, _untagged)
         raise _damaged(f"{_what(backend)} {path} is damaged: {why}", deployment, backend,
@@ -254,10 +249,8 @@ def find(deployment: str, backend: str | None = None, *, place: bool = True) -> 
     rec = read_file(path, deployment)
     if backend is not None and rec.backend != backend:
         return None
-    if rec.backend == "slurm" and place:
-        srec = rec.native
-        placed, state, detail = placement(srec)
-        rec = from_slurm(srec, placed, state, detail, rec.source)
+    if place and rec.backend in registry.RECORD_VIEWS:
+        rec = registry.record_view(rec.backend).place(rec)  # e.g. where Slurm runs the job now
     return rec
 
 
@@ -275,56 +268,16 @@ def find_all(*, place: bool = False) -> Iterator[Record | RecordError]:
                 yield rec
 
 
-def placement(srec: SlurmRecord) -> tuple[dict[str, tuple[str | None, str | None]], str, str]:
-    """Ask Slurm where the job's processes run: ({name: (node, base URL)}, job state,
-    detail). Processes of a job that does not run are left out (not placed); a Slurm that
-    does not answer leaves them out too, the state UNKNOWN and the detail saying why.
-    RecordError when the job the record names is not this deployment's (an edited or stale
-    record: its nodes would be taken for the deployment's)."""
-    from pdlaunch.runtime.slurm import jobs as slurm_jobs  # the Slurm client, only for Slurm
-
-    try:
-        info = slurm_jobs.job_info(srec.job_id)
-        if info.active and (why := slurm_jobs.not_ours(srec)):
-            path = locate(srec.deployment) or record_path(srec.deployment)
-            raise RecordError(
-                f"the record {path} names job {srec.job_id}, which is not this deployment's "
-                f"job ({why}). {by_hand(srec.deployment, 'slurm', path)}"
-            )
-        if not info.running:
-            return {}, info.state, info.detail
-        urls = slurm_jobs.endpoints(srec, info)
-    except slurm_jobs.SlurmRunError as exc:
-        return {}, UNKNOWN, str(exc)
-    placed: dict[str, tuple[str | None, str | None]] = {}
-    for p in srec.processes:
-        nodes = info.components[p.component].nodes
-        node = nodes[p.node] if p.node < len(nodes) else None
-        placed[p.name] = (node, urls.get(p.name))
-    return placed, info.state, info.detail
-
-
-# -- each runtime's working view ------------------------------------------------------------------
+# -- the SSH runtime's working view (Slurm's: pdlaunch.backends.slurm.record) -----------------
 def load_state(deployment: str) -> DeploymentState | None:
     """The SSH runtime's record of ``deployment`` (None: nothing recorded)."""
     rec = read(deployment, "ssh")
     return None if rec is None else rec.native
 
 
-def load_slurm(deployment: str) -> SlurmRecord | None:
-    """The Slurm runtime's record of ``deployment`` (None: nothing recorded)."""
-    rec = read(deployment, "slurm")
-    return None if rec is None else rec.native
-
-
 def save_state(state: DeploymentState) -> Path:
     state.updated_at = time.time()
     return write(from_state(state))
-
-
-def save_slurm(srec: SlurmRecord) -> Path:
-    srec.updated_at = time.time()
-    return write(from_slurm(srec))
 
 
 # -- writing, removing ----------------------------------------------------------------------------
@@ -430,14 +383,12 @@ __all__ = [
     "find",
     "find_all",
     "list_deployments",
-    "load_slurm",
     "load_state",
     "locate",
     "read",
     "read_file",
     "record_path",
     "remove",
-    "save_slurm",
     "save_state",
     "write",
 ]

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from pdlaunch.plan import Plan
+from pdlaunch.plan.build import Plan
 
 from .runtime import Behaviour, FakeProcess, FakeRecord, FakeRuntime
 from .slurm import FakeSlurm
@@ -34,8 +34,8 @@ def plan_from(topology: str | Path | dict[str, Any]) -> Plan:
     """The plan of a topology (a file, YAML text or a dict), validated as `pdlaunch up` does;
     ValueError listing the errors when the rules refuse it."""
     from pdlaunch import rules
-    from pdlaunch.load import load_text
-    from pdlaunch.plan import build_plan
+    from pdlaunch.plan.build import build_plan
+    from pdlaunch.spec.load import load_text
 
     if isinstance(topology, dict):
         text, name = yaml.safe_dump(topology, sort_keys=False), "topology.yaml"

@@ -26,9 +26,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from pdlaunch import health
 from pdlaunch.hosts import HostError
-from pdlaunch.plan import Plan, Process
+from pdlaunch.observe import health
+from pdlaunch.plan.build import Plan, Process
 from pdlaunch.runtime.base import Held, Launch, Observation, Observed, Runtime
 from pdlaunch.runtime.lifecycle.model import (
     STOP_ORDER,
@@ -39,7 +39,7 @@ from pdlaunch.runtime.lifecycle.model import (
     UpResult,
     View,
 )
-from pdlaunch.state import deployment_dir
+from pdlaunch.runtime.state import deployment_dir
 
 from .servers import Engine, Server, router
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from pdlaunch.canary import prefill_body
+from pdlaunch.observe.canary import prefill_body
 
 SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 #: one poll: what a process's /health answers, an HTTP status, or None for no answer at all

@@ -10,7 +10,7 @@ the fields pdlaunch asks for (``squeue -o`` with ``%i %T %N %r %j %u %Z``, ``sac
 ``scontrol show hostnames``, ``scontrol show node -o``); an unknown job id makes squeue fail
 as the real one does ("Invalid job id specified", exit 1). scancel applies
 ``--name``/``--user`` to the job id given, as the real one does (the repository's
-tests/runtime/test_slurm_faults.py checks that on a real cluster). sacct knows nothing (no
+tests/backends/test_slurm_faults.py checks that on a real cluster). sacct knows nothing (no
 accounting): a job squeue forgot is gone.
 
     slurm = FakeSlurm.install(tmp_path / "slurm")

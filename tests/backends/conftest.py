@@ -1,4 +1,6 @@
-"""``stand_in_vllm``: a `vllm` that reports the argv and LD_LIBRARY_PATH a container's shell would
-exec (tests/support/k8s_export.py)."""
+"""``state_dir`` (autouse): pdlaunch's state in the test's own tmp dir (the Slurm runtime
+faults record jobs). ``stand_in_vllm``: a `vllm` that reports the argv and LD_LIBRARY_PATH a
+container's shell would exec (tests/support/k8s_export.py)."""
 
+from tests.support.deployments import state_dir  # noqa: F401 - fixture (autouse)
 from tests.support.k8s_export import stand_in_vllm  # noqa: F401 - fixture

@@ -1,5 +1,5 @@
-"""`pdlaunch export k8s` (pdlaunch.backends.k8s): the manifests are valid Kubernetes objects,
-carry the plan (argv, env, ports, devices) with only machine-bound values replaced, never a
+"""`pdlaunch export k8s` (pdlaunch.backends.k8s.manifests): the manifests are valid Kubernetes
+objects, carry the plan (argv, env, ports, devices) with only machine-bound values replaced, never a
 secret's value, and the router finds exactly the pods that serve HTTP.
 
 Kubernetes and LWS are not run here: tests/backends/kube.py holds their schemas (fixtures) and
@@ -21,12 +21,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pdlaunch.backends import k8s
-from pdlaunch.backends.k8s import ExportError, build
-from pdlaunch.backends.k8s_files import export_k8s, write_manifests
-from pdlaunch.load import load
-from pdlaunch.plan import build_plan
+from pdlaunch.backends.k8s import manifests as k8s
+from pdlaunch.backends.k8s.files import export_k8s, write_manifests
+from pdlaunch.backends.k8s.manifests import ExportError, build
+from pdlaunch.plan.build import build_plan
 from pdlaunch.rules import has_errors, validate
+from pdlaunch.spec.load import load
 from tests.backends import kube
 from tests.support.k8s_export import (
     HPU_IMAGE,
@@ -286,9 +286,9 @@ def test_same_plan_same_bytes(tmp_path: Path):
     code = textwrap.dedent(
         f"""
         import sys; sys.path.insert(0, {str(ROOT)!r})
-        from pdlaunch.load import load
-        from pdlaunch.plan import build_plan
-        from pdlaunch.backends.k8s_files import write_manifests
+        from pdlaunch.spec.load import load
+        from pdlaunch.plan.build import build_plan
+        from pdlaunch.backends.k8s.files import write_manifests
         write_manifests(build_plan(load({str(ROOT / "topologies" / "gb200-xpyd.yaml")!r})[0]),
                         {str(tmp_path / "c")!r})
         """

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pdlaunch import facts
-from pdlaunch.backends import k8s
-from pdlaunch.backends.k8s import ExportError, build
-from pdlaunch.devices import PROFILES
+from pdlaunch.backends.k8s import manifests as k8s
+from pdlaunch.backends.k8s.manifests import ExportError, build
+from pdlaunch.spec import facts
+from pdlaunch.spec.devices import PROFILES
 from tests.backends import kube
 from tests.support.k8s_export import (
     HPU_IMAGE,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pdlaunch.backends import slurm
-from pdlaunch.load import load
-from pdlaunch.plan import build_plan
+from pdlaunch.backends.slurm import job as slurm
+from pdlaunch.plan.build import build_plan
+from pdlaunch.spec.load import load
 from tests.support.slurm_specs import REPO, fake_spec, planned
 
 LOCAL = REPO / "topologies" / "local-cpu.yaml"
@@ -92,7 +92,7 @@ def test_side_channel_host_and_router_urls_are_decided_at_run_time() -> None:
 
 def test_process_scripts_are_the_rendered_ones_but_for_run_time_values() -> None:
     """Same template, same lines: only the values Slurm decides differ from `render`."""
-    from pdlaunch.render import render_plan
+    from pdlaunch.plan.render import render_plan
 
     plan = _plan(GB200)
     plain = {f.name: f.content for f in render_plan(plan)}

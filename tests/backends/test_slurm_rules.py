@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pdlaunch.backends import slurm_rules
-from pdlaunch.backends.slurm import SlurmOptions
-from pdlaunch.load import load
-from pdlaunch.plan import build_plan
+from pdlaunch.backends.slurm import rules as slurm_rules
+from pdlaunch.backends.slurm.job import SlurmOptions
+from pdlaunch.plan.build import build_plan
 from pdlaunch.rules import RULES
+from pdlaunch.spec.load import load
 from tests.support.slurm_specs import REPO, fake_spec, planned
 
 PORTS = {"prefill": 18100, "decode": 18200, "side": 15600, "router": 18123, "metrics": 19123}

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pdlaunch.check.probes import MODULES, PROBES, families_of, select_probes
-from pdlaunch.devices import PROFILES
+from pdlaunch.spec.devices import PROFILES
 
 
 def ids(selected) -> list[str]:
@@ -86,8 +86,8 @@ def test_ucx_probe_loads_ucx_the_way_the_engine_will():
     # LD_LIBRARY_PATH (topology defaults.ld_library_path): the probe's ucx_info and module
     # search run with that path, and look in the node's Python path for nixl[cu12]'s UCX.
     from pdlaunch.check.runner import CheckOptions, group_hosts, host_jobs
-    from pdlaunch.load import load
-    from pdlaunch.plan import build_plan
+    from pdlaunch.plan.build import build_plan
+    from pdlaunch.spec.load import load
 
     root = Path(__file__).resolve().parents[2]
     topo, _ = load(root / "topologies" / "gaudi-prefill-cuda-decode.yaml")
@@ -110,8 +110,8 @@ def test_gb200_local_dp_is_judged_against_each_nodes_gpus():
     from pdlaunch.check.probes.base import CommandOutput
     from pdlaunch.check.results import Status
     from pdlaunch.check.runner import CheckOptions, group_hosts, host_jobs
-    from pdlaunch.load import load
-    from pdlaunch.plan import build_plan
+    from pdlaunch.plan.build import build_plan
+    from pdlaunch.spec.load import load
 
     root = Path(__file__).resolve().parents[2]
     topo, _ = load(root / "topologies" / "gb200-xpyd.yaml")

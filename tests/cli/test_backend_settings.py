@@ -1,4 +1,4 @@
-"""Backend settings in one place (pdlaunch/backend_settings.py): the topology's `slurm:` block,
+"""Backend settings in one place (pdlaunch/spec/backend_settings.py): the topology's `slurm:` block,
 `--backend-config FILE` over it, the flags typed over both; a bad value named with its file,
 line and key (exit 2); the block over SSH said to be unused (a validate warning), the file
 refused there (exit 2)."""

@@ -203,7 +203,7 @@ def test_status_refuses_options_its_mode_does_not_read(extra, named, why):
 def test_validate_k8s_refuses_what_the_export_refuses_and_writes_nothing(tmp_path: Path):
     data = yaml.safe_load(Path(GB200).read_text())
     # Valid for SSH and Slurm, but one LeaderWorkerSet template cannot hold two prefills
-    # that differ (pdlaunch/backends/k8s.py).
+    # that differ (pdlaunch/backends/k8s/manifests.py).
     data["prefill"][1]["extra_args"] = ["--max-num-seqs=16"]
     path = tmp_path / "t.yaml"
     path.write_text(yaml.safe_dump(data))

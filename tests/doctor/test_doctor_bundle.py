@@ -22,10 +22,10 @@ from pdlaunch import doctor
 from pdlaunch.doctor.bundle import REDACTED, Redactor, members
 from pdlaunch.doctor.collect import load_topology
 from pdlaunch.hosts import ConnectOptions, HostPool
-from pdlaunch.load import load_text
-from pdlaunch.plan import build_plan
-from pdlaunch.render import render_plan
-from pdlaunch.state import DeploymentState, ProcessState
+from pdlaunch.plan.build import build_plan
+from pdlaunch.plan.render import render_plan
+from pdlaunch.runtime.state import DeploymentState, ProcessState
+from pdlaunch.spec.load import load_text
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "doctor"
@@ -405,7 +405,7 @@ def test_no_value_in_shipped_plans_or_real_logs_is_taken_for_a_flagged_secret():
     """Values found after secret-bearing flags are redacted everywhere in the bundle: none may
     come from ordinary settings or log lines (each would vanish from every member)."""
     from pdlaunch.doctor.bundle import flagged_values
-    from pdlaunch.render import plan_json
+    from pdlaunch.plan.render import plan_json
 
     texts = [(FIXTURES / n).read_text() for n in ("prefill-0.log", "decode-0.log", "router.log")]
     for entry in yaml.safe_load((FIXTURES / "lines.yaml").read_text()).values():

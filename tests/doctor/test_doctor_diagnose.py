@@ -19,8 +19,8 @@ from pdlaunch.doctor.diagnose import (
     plan_findings,
 )
 from pdlaunch.doctor.evidence import Evidence, ProcessEvidence
-from pdlaunch.load import load_text
-from pdlaunch.plan import build_plan
+from pdlaunch.plan.build import build_plan
+from pdlaunch.spec.load import load_text
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "doctor"

@@ -3,7 +3,7 @@
 * `vllm serve` argv: vLLM 0.32's own parser (the one `vllm` builds: FlexibleArgumentParser +
   the serve subparser), then `AsyncEngineArgs.from_cli_args`, then the KV connector class
   through vLLM's `KVConnectorFactory` (ours and stock; a plugin connector not installable here
-  is checked against the fact recorded in pdlaunch.facts.PLUGIN_CONNECTORS).
+  is checked against the fact recorded in pdlaunch.spec.facts.PLUGIN_CONNECTORS).
 * A flag that a later flag overrides is caught by wrapping every argparse action of the real
   parser: an action that stores twice has lost its first value.
 * Env: every `VLLM_*` variable must be one vLLM 0.32 reads (`vllm.envs.environment_variables`
@@ -23,8 +23,8 @@ import io
 import json
 from typing import Any
 
-from pdlaunch import facts, plugins
-from pdlaunch.devices import profile
+from pdlaunch.spec import facts, plugins
+from pdlaunch.spec.devices import profile
 from scripts.gen_vllm_facts import router_parser, vllm_parsers
 
 # vLLM's toy proxy (tests/v1/kv_connector/nixl_integration/toy_proxy_server.py, vllm-gaudi

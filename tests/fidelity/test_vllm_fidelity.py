@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdlaunch.load import load, load_text
-from pdlaunch.plan import build_plan
+from pdlaunch.plan.build import build_plan
 from pdlaunch.rules import has_errors, validate
+from pdlaunch.spec.load import load, load_text
 from tests.fidelity.judge import judge_plan, judge_router, judge_serve
 
 ROOT = Path(__file__).resolve().parents[2]

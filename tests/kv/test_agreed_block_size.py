@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from pdlaunch import kv as kv_extension
-from pdlaunch import kvgeometry
-from pdlaunch.load import load_text
-from pdlaunch.plan import build_plan
+from pdlaunch.plan import kv_geometry as kvgeometry
+from pdlaunch.plan.build import build_plan
 from pdlaunch.rules import validate
+from pdlaunch.spec.load import load_text
 
 # --- agreed block size ----------------------------------------------------------------------
 

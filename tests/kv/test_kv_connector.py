@@ -31,7 +31,6 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.request import Request, RequestStatus
 
 import pdlaunch.kv.connector as conn
-from pdlaunch import kvgeometry
 from pdlaunch.kv import (
     CONNECTOR_CLASS,
     CONNECTOR_MODULE_PATH,
@@ -40,9 +39,10 @@ from pdlaunch.kv import (
     prefill_kv_transfer_config,
 )
 from pdlaunch.kv import blocks as kb
-from pdlaunch.load import load_text
-from pdlaunch.plan import build_plan
+from pdlaunch.plan import kv_geometry as kvgeometry
+from pdlaunch.plan.build import build_plan
 from pdlaunch.rules import has_errors, validate
+from pdlaunch.spec.load import load_text
 
 BLOCK, AGREED = 128, 16
 LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]

@@ -1,4 +1,4 @@
-"""The KV lease budget (pdlaunch.kvlease): the lease a plan sets per release, the gap
+"""The KV lease budget (pdlaunch.plan.lease): the lease a plan sets per release, the gap
 between prefill finishing and decode reading, measured on /metrics of a real 1P1D run
 (tests/fixtures/bench/hops), and the warnings of `status --watch`, `doctor` and `validate`."""
 
@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdlaunch import kvlease
 from pdlaunch.doctor.diagnose import diagnose_evidence
 from pdlaunch.doctor.evidence import Evidence, ProcessEvidence
-from pdlaunch.load import load_text
-from pdlaunch.plan import build_plan
+from pdlaunch.observe.watch import lease_warnings
+from pdlaunch.plan import lease as kvlease
+from pdlaunch.plan.build import build_plan
 from pdlaunch.rules import validate
-from pdlaunch.watch import lease_warnings
+from pdlaunch.spec.load import load_text
 
 ROOT = Path(__file__).resolve().parents[2]
 HOPS = ROOT / "tests" / "fixtures" / "bench" / "hops"

@@ -1,6 +1,6 @@
-"""Who converts KV pages between prefill and decode (pdlaunch/kvpath.py): native first.
+"""Who converts KV pages between prefill and decode (pdlaunch/plan/kv_path.py): native first.
 
-Pure decisions over geometry and the plugin profiles shipped in pdlaunch/facts/plugins/
+Pure decisions over geometry and the plugin profiles shipped in pdlaunch/spec/facts/plugins/
 (generated from vllm-gaudi's source at each ref by scripts/gen_plugin_profiles.py).
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from pdlaunch import plugins
-from pdlaunch.kvpath import PrefillSide, choose_pair, choose_prefill
+from pdlaunch.plan.kv_path import PrefillSide, choose_pair, choose_prefill
+from pdlaunch.spec import plugins
 
 GUIDE_PIN = plugins.get("vllm-gaudi@e269485")
 HETERO = plugins.get("vllm-gaudi@v0.15.1")

@@ -18,10 +18,10 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
-from pdlaunch.backends import slurm
-from pdlaunch.load import load
-from pdlaunch.plan import build_plan
-from pdlaunch.render import render_plan, write_files
+from pdlaunch.backends.slurm import job as slurm
+from pdlaunch.plan.build import build_plan
+from pdlaunch.plan.render import render_plan, write_files
+from pdlaunch.spec.load import load
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,7 +74,7 @@ def test_installed_wheel_renders_like_the_source_tree(tmp_path):
     where = sh(
         py,
         "-c",
-        "import json, pdlaunch, pdlaunch.render as r;"
+        "import json, pdlaunch, pdlaunch.plan.render as r;"
         "print(json.dumps([pdlaunch.__file__, str(r.templates_dir())]))",
         cwd=work,
         env=env,
@@ -100,8 +100,9 @@ def test_installed_wheel_renders_like_the_source_tree(tmp_path):
     slurm_job = sh(
         py,
         "-c",
-        "import json, sys; from pdlaunch.load import load; from pdlaunch.plan import build_plan;"
-        "from pdlaunch.backends import slurm;"
+        "import json, sys; from pdlaunch.spec.load import load;"
+        "from pdlaunch.plan.build import build_plan;"
+        "from pdlaunch.backends.slurm import job as slurm;"
         "plan = build_plan(load(sys.argv[1])[0]);"
         "files = slurm.render_job(plan, slurm.SlurmOptions());"
         "print(json.dumps({f.name: f.content for f in files}))",

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import yaml
 
-from pdlaunch.load import load_text
-from pdlaunch.plan import build_plan
+from pdlaunch.plan.build import build_plan
 from pdlaunch.rules import validate
+from pdlaunch.spec.load import load_text
 
 
 def _cpu(port: int, **extra) -> dict:
@@ -91,7 +91,7 @@ def test_enough_cores_gives_no_busy_warning_but_still_names_shared_nixl_core():
 def test_cpus_must_be_positive():
     import pytest
 
-    from pdlaunch.load import LoadError
+    from pdlaunch.spec.load import LoadError
 
     with pytest.raises(LoadError):
         _load(topo_text(cpus=0))

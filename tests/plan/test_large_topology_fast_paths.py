@@ -13,14 +13,17 @@ import dataclasses
 import pytest
 import yaml
 
-from pdlaunch import addresses, facts, kvpath, load, nodeenv, plan, topology
-from pdlaunch import kvgeometry as kv
-from pdlaunch.load import load_text
-from pdlaunch.render import render_plan
+from pdlaunch.plan import build as plan
+from pdlaunch.plan import env as nodeenv
+from pdlaunch.plan import kv_geometry as kv
+from pdlaunch.plan import kv_path as kvpath
+from pdlaunch.plan.render import render_plan
 from pdlaunch.rules import args as args_rules
 from pdlaunch.rules import validate
 from pdlaunch.rules import versions as versions_rules
-from pdlaunch.topology import Topology, instance_name
+from pdlaunch.spec import addresses, facts, load, topology
+from pdlaunch.spec.load import load_text
+from pdlaunch.spec.topology import Topology, instance_name
 
 GEOMETRIES = [("cuda", 16, "HND"), ("cuda", 64, "NHD"), ("hpu", 128, "NHD"), ("cuda", 32, "HND")]
 # One device kind: the plan's own answer for mixed releases is not masked by mixed devices.

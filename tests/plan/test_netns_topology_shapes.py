@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from pdlaunch.load import load_text
-from pdlaunch.plan import build_plan
+from pdlaunch.plan.build import build_plan
 from pdlaunch.rules import has_errors, validate
+from pdlaunch.spec.load import load_text
 from tests.support.netns_pd import (
     DECODE_HTTP,
     connections_to,

@@ -1,4 +1,4 @@
-"""A new accelerator is one entry in pdlaunch/devices.py.
+"""A new accelerator is one entry in pdlaunch/spec/devices.py.
 
 A fictitious kind registered in the devices table alone (no other module touched) loads
 from a topology, passes the rules, gets its visible-devices variable in the plan, and makes
@@ -12,16 +12,16 @@ from dataclasses import replace
 
 import pytest
 
-from pdlaunch import devices
 from pdlaunch.check import probes
 from pdlaunch.check.probes import CommandOutput, Needs, Probe, ProbeContext
 from pdlaunch.check.probes.accelerators import eval_accelerators, inventory_calls, parse_smi_csv
 from pdlaunch.check.results import CheckResult, Status
 from pdlaunch.check.runner import CheckOptions, group_hosts, host_jobs, run_check
-from pdlaunch.load import LoadError, load_text
-from pdlaunch.plan import build_plan
+from pdlaunch.plan.build import build_plan
 from pdlaunch.rules import has_errors, validate
-from pdlaunch.topology import Topology
+from pdlaunch.spec import devices
+from pdlaunch.spec.load import LoadError, load_text
+from pdlaunch.spec.topology import Topology
 from tests.support.sshd import free_port
 
 # A GPU-like accelerator whose vendor tools are NVIDIA's (an nvidia-smi compatible driver).

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from pdlaunch.kv import CONNECTOR_CLASS, CONNECTOR_MODULE_PATH
-from pdlaunch.load import load, load_text
-from pdlaunch.plan import build_plan
-from pdlaunch.render import render_plan
+from pdlaunch.plan.build import build_plan
+from pdlaunch.plan.render import render_plan
+from pdlaunch.spec.load import load, load_text
 
 ROOT = Path(__file__).resolve().parents[2]
 

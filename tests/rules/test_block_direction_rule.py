@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from pdlaunch.load import load_text
 from pdlaunch.rules import validate
+from pdlaunch.spec.load import load_text
 
 # CUDA on both sides (block sizes: multiples of 16), NIXL, both in the default HND layout.
 TOPOLOGY = """\

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdlaunch.load import load_text
 from pdlaunch.rules import validate
+from pdlaunch.spec.load import load_text
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL_CPU = REPO / "topologies" / "local-cpu.yaml"

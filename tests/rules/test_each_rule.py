@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdlaunch.load import load, load_text
 from pdlaunch.rules import RULES, validate
+from pdlaunch.spec.load import load, load_text
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGIES = sorted((ROOT / "topologies").glob("*.yaml"))
@@ -210,8 +210,8 @@ def test_advertised_layout_is_always_one_decode_can_take():
     (enable_permute_local_kv, base_worker.py:2511). Checked over every layout combination."""
     from itertools import product
 
-    from pdlaunch import kvgeometry as kv
-    from pdlaunch.load import load_text
+    from pdlaunch.plan import kv_geometry as kv
+    from pdlaunch.spec.load import load_text
 
     for p_dev, p_lay, d_lays in product(("cuda", "hpu"), ("NHD", "HND"), ("NHD", "HND", "mix")):
         if p_dev == "hpu" and p_lay == "HND":

@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdlaunch import facts
-from pdlaunch.load import LoadError, load_text
-from pdlaunch.nodeenv import VISIBLE_DEVICE_VARS, managed_env
-from pdlaunch.plan import build_plan
-from pdlaunch.ports import all_nodes
+from pdlaunch.plan.build import build_plan
+from pdlaunch.plan.env import VISIBLE_DEVICE_VARS, managed_env
+from pdlaunch.plan.ports import all_nodes
 from pdlaunch.rules.args import MANAGED_VLLM
+from pdlaunch.spec import facts
+from pdlaunch.spec.load import LoadError, load_text
 from tests.rules.validate_cases import (
     MANAGED_SPELLINGS,
     MARK,

@@ -16,10 +16,10 @@ import pytest
 from typer.testing import CliRunner
 
 from pdlaunch.cli import app
-from pdlaunch.load import load_text
-from pdlaunch.plan import build_plan
+from pdlaunch.plan.build import build_plan
 from pdlaunch.rules import has_errors
 from pdlaunch.rules.args import MANAGED_ROUTER, MANAGED_VLLM
+from pdlaunch.spec.load import load_text
 from tests.rules.validate_cases import (
     MANAGED_SPELLINGS,
     MARK,

@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from pdlaunch.load import load_text
 from pdlaunch.rules import has_errors, validate
+from pdlaunch.spec.load import load_text
 
 ROOT = Path(__file__).resolve().parents[2]
 PDLAUNCH = Path(sys.executable).parent / "pdlaunch"

@@ -1,5 +1,5 @@
-"""``state_dir`` (autouse, tests/support/deployments.py): pdlaunch's state in the test's own
-tmp dir. The real Slurm cluster (``slurm_cluster``) is the session's one, from
-tests/conftest.py."""
+"""Launch-test fixtures (tests/support/deployments.py): ``state_dir`` (autouse: pdlaunch's state
+in the test's own tmp dir) and ``make_deployment`` (a 1P1D + router topology of the stand-in
+engine and router, ``fake_bins``, with fresh ports; its processes killed after the test)."""
 
-from tests.support.deployments import state_dir  # noqa: F401 - fixture
+from tests.support.deployments import make_deployment, state_dir  # noqa: F401 - fixtures

@@ -13,9 +13,9 @@ from pdlaunch.check.report import CheckReport
 from pdlaunch.check.results import CheckResult
 from pdlaunch.check.runner import CheckOptions
 from pdlaunch.hosts import ConnectOptions
-from pdlaunch.load import load
-from pdlaunch.plan import build_plan
+from pdlaunch.plan.build import build_plan
 from pdlaunch.rules import has_errors, validate
+from pdlaunch.spec.load import load
 from tests.support.sshd import free_port as _free_port
 
 _USED: set[int] = set()

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pdlaunch.health import get_text, metric_sum, post_json, probe
+from pdlaunch.observe.health import get_text, metric_sum, post_json, probe
 
 SERVED = "tiny"
 MAX_TOKENS = 16

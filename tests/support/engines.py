@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pdlaunch.health import probe
+from pdlaunch.observe.health import probe
 from tests.support.engine_requests import SERVED, complete
 
 REPO = Path(__file__).resolve().parents[2]

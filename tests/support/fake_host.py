@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdlaunch import health
 from pdlaunch.hosts import (
     CommandResult,
     CommandTimeout,
@@ -32,7 +31,8 @@ from pdlaunch.hosts import (
     Started,
     Upload,
 )
-from pdlaunch.plan import Plan
+from pdlaunch.observe import health
+from pdlaunch.plan.build import Plan
 
 
 @dataclass

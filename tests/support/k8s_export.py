@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdlaunch.backends import k8s
-from pdlaunch.load import load_text
-from pdlaunch.plan import Plan, build_plan
+from pdlaunch.backends.k8s import manifests as k8s
+from pdlaunch.plan.build import Plan, build_plan
+from pdlaunch.spec.load import load_text
 from tests.backends import kube
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository

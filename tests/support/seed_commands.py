@@ -1,7 +1,7 @@
 """Run a rendered script with stand-in `vllm`, `vllm-router`, `python` (and docker/podman)
 first on PATH, each writing the argv and environment it received; parse a seed guide's shell
 (its exports and command lines, placeholders filled in); compare the two the way
-tests/render/test_seed_guides.py documents (flags normalised, JSON values contained)."""
+tests/plan/test_seed_guides.py documents (flags normalised, JSON values contained)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from pdlaunch.load import load
-from pdlaunch.plan import build_plan
-from pdlaunch.render import render_plan, write_files
+from pdlaunch.plan.build import build_plan
+from pdlaunch.plan.render import render_plan, write_files
 from pdlaunch.rules import has_errors, validate
+from pdlaunch.spec.load import load
 from tests.support.fake_bins import container_runtime_standin
 
 # What the scripts inherit: a known LD_LIBRARY_PATH checks the path-prepend logic against

@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from pdlaunch.backends import slurm
-from pdlaunch.plan import Plan
+from pdlaunch.backends.slurm import job as slurm
+from pdlaunch.backends.slurm import jobs
+from pdlaunch.backends.slurm.runtime import SlurmRuntime
+from pdlaunch.plan.build import Plan
 from pdlaunch.runtime import lifecycle
-from pdlaunch.runtime.slurm import SlurmRuntime, jobs
 
 
 @dataclass

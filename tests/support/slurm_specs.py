@@ -6,10 +6,10 @@ from pathlib import Path
 
 import yaml
 
-from pdlaunch.load import Source, load
-from pdlaunch.plan import Plan, build_plan
+from pdlaunch.plan.build import Plan, build_plan
 from pdlaunch.rules import RUNTIME_ADDRESSED, has_errors, validate
-from pdlaunch.topology import Topology
+from pdlaunch.spec.load import Source, load
+from pdlaunch.spec.topology import Topology
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ import pytest
 
 from pdlaunch.runtime import lifecycle
 from pdlaunch.runtime.lifecycle import Interrupted, LaunchError, UpOptions
-from pdlaunch.state import deployment_dir
+from pdlaunch.runtime.state import deployment_dir
 from pdlaunch.testing import FakeRuntime, plan_from
 
 A, B = "10.0.0.1", "10.0.0.2"

@@ -1,5 +1,5 @@
 """pdlaunch.testing.FakeSlurm through pdlaunch's own Slurm client (backends/slurm_client.py,
-runtime/slurm/jobs.py): what the client reads from it is what it reads from a real
+backends/slurm/jobs.py): what the client reads from it is what it reads from a real
 controller for the same jobs (tests/system/slurm/ checks the client against a real slurmctld)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from pdlaunch.backends import slurm_client
-from pdlaunch.backends.slurm_record import SlurmRunError
+from pdlaunch.backends.slurm import client as slurm_client
+from pdlaunch.backends.slurm.record import SlurmRunError
 from pdlaunch.testing import FakeSlurm
 
 

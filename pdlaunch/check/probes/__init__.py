@@ -2,7 +2,7 @@
 
 A module holds, side by side, its probes' commands, parsers, evaluators and parameter
 builders (see :mod:`.base`); this package only collects them. Device families (nvidia,
-gaudi, ascend) run where a device kind's entry in ``pdlaunch/devices.py`` names them, so a
+gaudi, ascend) run where a device kind's entry in ``pdlaunch/spec/devices.py`` names them, so a
 new accelerator is one entry there (plus a module here if its tools are new).
 
 A runner only has to::

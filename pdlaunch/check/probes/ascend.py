@@ -30,7 +30,7 @@ from pdlaunch.check.probes.base import (
 from pdlaunch.check.results import CheckResult, Status
 
 if TYPE_CHECKING:
-    from pdlaunch.plan import Process
+    from pdlaunch.plan.build import Process
 
 FAMILY = "ascend"
 _PATH = "PATH=$PATH:/usr/local/Ascend/driver/tools:/usr/local/bin"

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from pdlaunch.check.results import CheckResult, Status
-from pdlaunch.devices import PROFILES
+from pdlaunch.spec.devices import PROFILES
 
 if TYPE_CHECKING:  # the plan's records are read, never built, here
-    from pdlaunch.plan import Process
+    from pdlaunch.plan.build import Process
 
 Scope = Literal["host", "pair"]
 

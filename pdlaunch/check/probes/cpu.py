@@ -17,7 +17,7 @@ from pdlaunch.check.probes.base import (
     unparsed,
 )
 from pdlaunch.check.results import CheckResult, Status
-from pdlaunch.devices import PROFILES
+from pdlaunch.spec.devices import PROFILES
 
 # `nproc` honours the affinity mask the engines will inherit; `nproc --all` counts the
 # machine; Cpus_allowed_list is the mask itself (proc(5)).

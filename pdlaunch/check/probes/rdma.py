@@ -25,7 +25,7 @@ from pdlaunch.check.probes.base import (
 from pdlaunch.check.results import CheckResult, Status
 
 if TYPE_CHECKING:
-    from pdlaunch.plan import Process
+    from pdlaunch.plan.build import Process
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """`up`'s last step before recording the deployment as up, on every runtime: the canary.
 
-``all`` (the default): every prefill -> decode pair proven directly (:mod:`pdlaunch.canary`),
-then one request through the router (:func:`pdlaunch.health.canary`); ``router``: only the
-latter; ``off``: none. A failing pair is named, with the doctor findings of its two engines,
-and fails `up` (which rolls back).
+``all`` (the default): every prefill -> decode pair proven directly
+(:mod:`pdlaunch.observe.canary`), then one request through the router
+(:func:`pdlaunch.observe.health.canary`); ``router``: only the latter; ``off``: none. A
+failing pair is named, with the doctor findings of its two engines, and fails `up` (which
+rolls back).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pdlaunch import canary as pairs_canary
-from pdlaunch import health
-from pdlaunch.plan import Plan
+from pdlaunch.observe import canary as pairs_canary
+from pdlaunch.observe import health
+from pdlaunch.plan.build import Plan
 from pdlaunch.runtime.base import Launch
 
 from .model import Failure, LaunchError, Reporter
@@ -51,7 +52,7 @@ def max_prefill_block(plan: Plan) -> int:
 
 @dataclass(frozen=True)
 class _Placed:
-    """A process where it really listens (pdlaunch.canary reads name, role, health_url and
+    """A process where it really listens (pdlaunch.observe.canary reads name, role, health_url and
     the DP ranks it fronts)."""
 
     name: str

@@ -3,9 +3,9 @@ the runtime has proven that nothing of it runs. Idempotent."""
 
 from __future__ import annotations
 
-from pdlaunch.plan import Plan
+from pdlaunch.plan.build import Plan
 from pdlaunch.runtime.base import Runtime
-from pdlaunch.state import DeploymentLock, deployment_dir
+from pdlaunch.runtime.state import DeploymentLock, deployment_dir
 
 from .model import DownResult, LaunchError, Reporter
 

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pdlaunch import health
 from pdlaunch.hosts import parallel
+from pdlaunch.observe import health
 from pdlaunch.runtime.base import Observation, Observed, Runtime
 
 from .model import LaunchError

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdlaunch import health
 from pdlaunch.hosts import ConnectOptions
+from pdlaunch.observe import health
 
 #: the order a deployment is stopped in (and the reverse of how it starts)
 STOP_ORDER = ("router", "decode", "prefill")
@@ -94,6 +94,9 @@ class UpOptions:
     # refuse; skipped when running processes are adopted. It gets `up`'s own connected hosts,
     # so it opens no second SSH connection per host (the argument is the runtime's Launch).
     preflight: Callable[[Any], None] | None = None
+    # Findings for failed canary pairs, given the runtime's Launch (the CLI passes doctor's:
+    # doctor sits above the backends, so a backend cannot call it itself); None: none.
+    explain: Callable[[Any], list[Any]] | None = None
     # The Slurm runtime's options (SlurmOptions) and the environment secrets are read from.
     slurm: Any = None
     environ: dict[str, str] | None = None

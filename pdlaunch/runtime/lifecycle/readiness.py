@@ -17,10 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pdlaunch import health
 from pdlaunch.hosts import HostError
 from pdlaunch.hosts.parallel import MAX_WORKERS
-from pdlaunch.plan import Process
+from pdlaunch.observe import health
+from pdlaunch.plan.build import Process
 
 from .model import Failure, LaunchError
 

@@ -8,8 +8,8 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from pdlaunch.hosts import HostError
-from pdlaunch.interrupts import Signalled, signal_name, signals_ignored
-from pdlaunch.state import StateError
+from pdlaunch.runtime.interrupts import Signalled, signal_name, signals_ignored
+from pdlaunch.runtime.state import StateError
 
 from .model import Interrupted, LaunchError
 

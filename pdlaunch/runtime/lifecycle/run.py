@@ -3,7 +3,7 @@ live view of every process (what the Reporter shows) and the deadline."""
 
 from __future__ import annotations
 
-from pdlaunch.plan import Process
+from pdlaunch.plan.build import Process
 from pdlaunch.runtime.base import Launch
 
 from .model import Failure, Reporter, UpOptions, View

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import time
 
-from pdlaunch import health
-from pdlaunch.interrupts import Signalled, signal_name, signals_interrupt
-from pdlaunch.plan import Plan
+from pdlaunch.observe import health
+from pdlaunch.plan.build import Plan
 from pdlaunch.runtime.base import STAGES, Launch, Runtime, stage_processes
-from pdlaunch.state import DeploymentLock
+from pdlaunch.runtime.interrupts import Signalled, signal_name, signals_interrupt
+from pdlaunch.runtime.state import DeploymentLock
 
 from . import readiness
 from .canary import run_canary

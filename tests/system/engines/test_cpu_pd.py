@@ -37,8 +37,8 @@ from typing import Any
 
 import pytest
 
-from pdlaunch.canary import REMOTE_DECODE
-from pdlaunch.health import post_json, probe
+from pdlaunch.observe.canary import REMOTE_DECODE
+from pdlaunch.observe.health import post_json, probe
 from tests.support.engine_requests import (
     BY_SOURCE,
     CPU_PD_PROMPT_LENS,
@@ -170,8 +170,8 @@ def dep(tmp_path_factory: pytest.TempPathFactory):
     timings["plain_healthy_s"] = round(plain.healthy_s, 1)
     timings["plain_total_s"] = round(plain.total_s, 1)
 
-    from pdlaunch.load import load
-    from pdlaunch.plan import build_plan
+    from pdlaunch.plan.build import build_plan
+    from pdlaunch.spec.load import load
 
     plan = build_plan(load(topo)[0])
     prefill_log = Path(plan.by_role("prefill")[0].log_path)
@@ -230,7 +230,7 @@ def test_up_passed_canary(dep: Deployment) -> None:
     dep.numbers["up_healthy_s"] = dep.up_json.get("healthy_s")
     assert canary["ok"]
     assert canary["decode_external_kv_transfer_tokens"] > 0
-    # every prefill -> decode pair, sent directly (pdlaunch/canary.py), before the router
+    # every prefill -> decode pair, sent directly (pdlaunch/observe/canary.py), before the router
     (pair,) = canary["pairs"]
     assert pair["pair"] == "prefill-0 → decode-0" and pair["ok"], pair
     assert pair["decode_external_kv_transfer_tokens"] >= pair["prompt_tokens"] - 1, pair
@@ -242,8 +242,8 @@ def test_idle_engines_leave_the_cores_free(dep: Deployment) -> None:
     """The test harness's own condition for a stable CI: the NIXL progress-delay hook
     (tests/support/nixl_progress_delay) reached every engine's NIXL agent, and no thread of
     the idle deployment busy-polls a core (without the hook, one per engine: ~100 %)."""
-    from pdlaunch.load import load
-    from pdlaunch.plan import build_plan
+    from pdlaunch.plan.build import build_plan
+    from pdlaunch.spec.load import load
 
     plan = build_plan(load(dep.topology)[0])
     for proc in plan.by_role("prefill") + plan.by_role("decode"):
@@ -411,9 +411,9 @@ def test_canary_names_the_pair_whose_transfer_fails(dep: Deployment, monkeypatch
     fails. The deployment's record, copied under another name with that
     prefill added, is what `pdlaunch canary` reads: it must name that pair, find the real
     pair ok, and give decode's doctor finding."""
-    from pdlaunch.load import load
     from pdlaunch.runtime.record_store import load_state, remove, save_state
-    from pdlaunch.state import ProcessState
+    from pdlaunch.runtime.state import ProcessState
+    from pdlaunch.spec.load import load
 
     monkeypatch.setenv("PDLAUNCH_STATE_DIR", dep.env["PDLAUNCH_STATE_DIR"])
     base = free_port_block(2)  # base: the fake prefill's HTTP; base + 1: nobody
@@ -545,9 +545,9 @@ def test_validate_refuses_cpu_heterogeneous_blocks(tmp_path: Path) -> None:
 
 
 def test_bench_argv_and_result_parsing(tmp_path: Path) -> None:
-    from pdlaunch import bench
-    from pdlaunch.load import load
-    from pdlaunch.plan import build_plan
+    from pdlaunch.observe import bench
+    from pdlaunch.plan.build import build_plan
+    from pdlaunch.spec.load import load
 
     plan = build_plan(load(LOCAL_CPU)[0])
     argv = bench.bench_argv(plan, bench.BenchOptions(num_prompts=3), str(tmp_path), "vllm")

@@ -52,8 +52,8 @@ from typing import Any
 
 import pytest
 
-from pdlaunch.canary import REMOTE_DECODE
-from pdlaunch.health import post_json
+from pdlaunch.observe.canary import REMOTE_DECODE
+from pdlaunch.observe.health import post_json
 from tests.support.engine_requests import (
     BY_SOURCE,
     EXT,
@@ -209,8 +209,8 @@ def _work(topo: Path) -> Path:
 
 
 def _prefill_log(topo: Path) -> Path:
-    from pdlaunch.load import load
-    from pdlaunch.plan import build_plan
+    from pdlaunch.plan.build import build_plan
+    from pdlaunch.spec.load import load
 
     return Path(build_plan(load(topo)[0]).by_role("prefill")[0].log_path)
 

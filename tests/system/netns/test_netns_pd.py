@@ -40,9 +40,9 @@ from typing import Any
 import pytest
 import yaml
 
-from pdlaunch.health import probe
-from pdlaunch.load import load
-from pdlaunch.plan import build_plan
+from pdlaunch.observe.health import probe
+from pdlaunch.plan.build import build_plan
+from pdlaunch.spec.load import load
 from tests.support.engine_requests import (
     BY_SOURCE,
     EXT,

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pdlaunch.backends import slurm
-from pdlaunch.load import load
-from pdlaunch.plan import build_plan
-from pdlaunch.runtime.slurm import jobs
+from pdlaunch.backends.slurm import job as slurm
+from pdlaunch.backends.slurm import jobs
+from pdlaunch.plan.build import build_plan
+from pdlaunch.spec.load import load
 from tests.support.slurm_specs import REPO, fake_spec, planned
 
 LOCAL = REPO / "topologies" / "local-cpu.yaml"

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from pdlaunch.backends import slurm
+from pdlaunch.backends.slurm import job as slurm
+from pdlaunch.backends.slurm import jobs
 from pdlaunch.runtime.record_store import list_deployments
-from pdlaunch.runtime.slurm import jobs
 from tests.support import slurm_lifecycle as slurm_rt
 from tests.support.cli_runner import TRACEBACK, pdl
 from tests.support.slurm_specs import REPO, fake_spec, planned

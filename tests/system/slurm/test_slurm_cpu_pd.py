@@ -27,10 +27,11 @@ import pytest
 from typer.testing import CliRunner
 
 from pdlaunch import doctor
-from pdlaunch.backends import slurm, slurm_rules
+from pdlaunch.backends.slurm import job as slurm
+from pdlaunch.backends.slurm import jobs
+from pdlaunch.backends.slurm import rules as slurm_rules
 from pdlaunch.cli import app
 from pdlaunch.hosts import HostPool
-from pdlaunch.runtime.slurm import jobs
 from tests.support import slurm_lifecycle as slurm_rt
 from tests.support.engine_requests import (
     CPU_PD_PROMPTS,

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pdlaunch import bench
-from pdlaunch.backends import slurm
+from pdlaunch.backends.slurm import job as slurm
+from pdlaunch.backends.slurm import jobs
 from pdlaunch.cli import app
+from pdlaunch.observe import bench
 from pdlaunch.runtime import record, record_store
-from pdlaunch.runtime.slurm import jobs
 from tests.support import slurm_lifecycle as slurm_rt
 from tests.support.slurm_specs import REPO, fake_spec, planned
 from tests.support.sshd import free_ports

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from pdlaunch.backends import slurm
+from pdlaunch.backends.slurm import job as slurm
+from pdlaunch.backends.slurm import jobs
 from pdlaunch.runtime import record_store
-from pdlaunch.runtime.slurm import jobs
-from pdlaunch.state import deployment_dir
+from pdlaunch.runtime.state import deployment_dir
 from tests.support import slurm_lifecycle as slurm_rt
 from tests.support.slurm_specs import REPO, fake_spec, planned
 from tests.support.sshd import free_ports

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdlaunch.runtime.record_store import load_slurm, record_path
-from pdlaunch.runtime.slurm import jobs
+from pdlaunch.backends.slurm import jobs
+from pdlaunch.backends.slurm.record import load_slurm
+from pdlaunch.runtime.record_store import record_path
 from tests.support import cli_runner as pdl_cli
 from tests.support.cli_runner import TRACEBACK
 from tests.support.processes import wait_no_procs

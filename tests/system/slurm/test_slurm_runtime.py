@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from pdlaunch.backends import slurm, slurm_rules
-from pdlaunch.health import probe
+from pdlaunch.backends.slurm import job as slurm
+from pdlaunch.backends.slurm import jobs
+from pdlaunch.backends.slurm import rules as slurm_rules
+from pdlaunch.observe.health import probe
 from pdlaunch.runtime import lifecycle
-from pdlaunch.runtime.slurm import jobs
 from tests.support import slurm_lifecycle as slurm_rt
 from tests.support.slurm_specs import fake_spec, planned
 from tests.support.sshd import free_ports

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pdlaunch.runtime import record_store
-from pdlaunch.state import deployment_dir
+from pdlaunch.runtime.state import deployment_dir
 from tests.support.deployments import cli
 from tests.support.processes import procs_under, wait_no_procs
 

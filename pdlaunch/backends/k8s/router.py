@@ -1,0 +1,153 @@
+"""The router objects of the Kubernetes export (.manifests): vllm-router finding
+prefill and decode pods by their labels (service discovery), with the ServiceAccount, Role
+and RoleBinding that lets it watch pods, its Service and its Deployment."""
+
+from __future__ import annotations
+
+from pdlaunch.backends.k8s.model import (
+    Context,
+    EnvRef,
+    ExportError,
+    Manifest,
+    RoleTemplate,
+    Token,
+    labels,
+    selector,
+)
+from pdlaunch.backends.k8s.pods import (
+    bind_to_pod_ip,
+    container_command,
+    container_env,
+    container_ports,
+    probes,
+    substitute,
+)
+from pdlaunch.plan.build import Plan
+from pdlaunch.spec import facts
+from pdlaunch.spec.addresses import is_unspecified
+
+# Flags the export sets on the router; the plan's own argv must not set them already.
+_DISCOVERY_DESTS = frozenset(
+    {
+        "service_discovery",
+        "service_discovery_port",
+        "service_discovery_namespace",
+        "selector",
+        "prefill_selector",
+        "decode_selector",
+        "worker_urls",
+    }
+)
+
+
+def check_router(plan: Plan) -> None:
+    args, positionals = facts.scan(plan.router.argv, facts.router(), start=1)
+    dests = {a.dest for a in args}
+    # The plan runs vllm-router exactly when its router argv is one vllm-router's parser takes
+    # whole, in PD mode (plan._router_argv); a toy proxy's has its own flags and a script.
+    if positionals or None in dests or "vllm_pd_disaggregation" not in dests:
+        raise ExportError(
+            "the router is not vllm-router: only vllm-router finds prefill and decode pods by "
+            "their labels (the toy proxies take fixed host lists); set router.kind: "
+            "vllm-router in the topology"
+        )
+
+
+def _router_argv(
+    plan: Plan, ctx: Context, roles: list[RoleTemplate], notes: dict[str, None]
+) -> list[Token]:
+    router = plan.router
+    args, _ = facts.scan(router.argv, facts.router(), start=1)
+    dests = {a.dest for a in args}
+    taken = sorted(a.spelling for a in args if a.dest in _DISCOVERY_DESTS)
+    if taken:
+        raise ExportError(
+            f"router.extra_args set {', '.join(taken)}, which the Kubernetes export derives: "
+            f"remove them"
+        )
+    new: dict[str, Token] = {}
+    host = next((a for a in args if a.dest == "host" and a.values), None)
+    if host and not is_unspecified(host.values[0]):
+        new["host"] = bind_to_pod_ip(router, host.values[0], notes)
+    argv = substitute(router.argv, args, new, frozenset({"prefill", "decode"}))
+    by_role = {r.role: r for r in roles}
+    prefill = [f"{k}={v}" for k, v in selector(ctx.name, by_role["prefill"]).items()]
+    decode = [f"{k}={v}" for k, v in selector(ctx.name, by_role["decode"]).items()]
+    argv += [
+        "--service-discovery",
+        "--service-discovery-port", str(ctx.http_port),
+        "--service-discovery-namespace", EnvRef("POD_NAMESPACE"),
+        "--prefill-selector", *prefill,
+        "--decode-selector", *decode,
+    ]  # fmt: skip
+    if "prometheus_host" not in dests:
+        # The router's default, 127.0.0.1, is unreachable from outside the pod.
+        argv += ["--prometheus-host", "0.0.0.0"]
+    return argv
+
+
+def router_objects(
+    plan: Plan, ctx: Context, roles: list[RoleTemplate], image: str, notes: dict[str, None]
+) -> list[Manifest]:
+    router = plan.router
+    argv = _router_argv(plan, ctx, roles, notes)
+    command, args = container_command(argv, router.path_prepend)
+    container: Manifest = {
+        "name": "vllm-router",
+        "image": image,
+        "command": command,
+        "args": args,
+        "env": container_env(router, argv, ctx.secret, notes),
+        "ports": container_ports(router, ctx, True),
+    }
+    if router.health_url:
+        container.update(probes(router.health_url, startup=False))
+    name = f"{ctx.name}-router"
+    meta = {"name": name, "labels": labels(ctx.name, "router")}
+    match = {k: v for k, v in meta["labels"].items() if k != "app.kubernetes.io/managed-by"}
+    rbac = "rbac.authorization.k8s.io"
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "Role",
+            "metadata": meta,
+            # Service discovery watches pods (src/service_discovery.rs: Api<Pod> watcher).
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+            ],
+        },
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "RoleBinding",
+            "metadata": meta,
+            # No namespace: RBAC reads a ServiceAccount subject in the binding's namespace.
+            "subjects": [{"kind": "ServiceAccount", "name": name}],
+            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": name},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": meta,
+            "spec": {
+                "selector": match,
+                "ports": [
+                    {"name": p["name"], "port": p["containerPort"], "targetPort": p["name"]}
+                    for p in container["ports"]
+                ],
+            },
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": meta,
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": match},
+                "template": {
+                    "metadata": {"labels": dict(meta["labels"])},
+                    "spec": {"serviceAccountName": name, "containers": [container]},
+                },
+            },
+        },
+    ]
