@@ -28,7 +28,7 @@ from pdlaunch.cli.app import (
 )
 from pdlaunch.cli.options import BenchTimeoutOpt, JsonOpt, TopologyArg
 from pdlaunch.hosts import HostError, LocalHost
-from pdlaunch.observe import bench
+from pdlaunch.observe import bench, lease_budget
 from pdlaunch.observe import bench_disagg as benchdisagg
 from pdlaunch.observe import bench_hops as benchhops
 from pdlaunch.observe import hops_plot as hopsplot
@@ -259,12 +259,12 @@ def _hops(
     for name, role in engines.items():
         if role != "decode" or a.get(name) is None:
             continue
-        g = kvlease.gap_from_metrics(name, b.get(name), a[name] or "", extra)
-        pairs.append({**g.to_dict(), "warning": kvlease.budget_warning(g, lease)})
+        g = lease_budget.gap_from_metrics(name, b.get(name), a[name] or "", extra)
+        pairs.append({**g.to_dict(), "warning": lease_budget.budget_warning(g, lease)})
     return hops, {
         "lease_s": lease.seconds if lease else None,
         "lease_source": lease.source if lease else None,
-        "warn_fraction": kvlease.WARN_FRACTION,
+        "warn_fraction": lease_budget.WARN_FRACTION,
         "pairs": pairs,
     }
 

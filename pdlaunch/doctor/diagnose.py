@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pdlaunch.doctor import nongen
 from pdlaunch.doctor.evidence import Evidence, ProcessEvidence
 from pdlaunch.doctor.signatures import Severity, Signature, signatures
+from pdlaunch.observe import lease_budget
 from pdlaunch.observe.health import PROMPT_TOKENS_BY_SOURCE, metric_sum
 from pdlaunch.plan import lease as kvlease
 from pdlaunch.plan.build import Plan
@@ -362,7 +363,7 @@ def lease_findings(processes: Sequence[ProcessEvidence], plan: Plan | None) -> l
         if p.role != "decode" or p.metrics is None:
             continue
         before, after = (p.metrics, p.metrics_after) if p.metrics_after else (None, p.metrics)
-        warning = kvlease.budget_warning(kvlease.decode_gap(p.name, before, after), lease)
+        warning = lease_budget.budget_warning(lease_budget.decode_gap(p.name, before, after), lease)
         if warning:
             out.append(CHECKS_BY_ID["kv-lease-budget"].finding(p.name, p.host, warning))
     return out

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pdlaunch.observe import lease_budget
 from pdlaunch.observe.health import PROMPT_TOKENS_BY_SOURCE, metric_sum
 from pdlaunch.plan import lease as kvlease
 
@@ -92,7 +93,7 @@ def lease_warnings(
     the window) nears the prefills' lease, before any request expires."""
     if role != "decode" or lease is None:
         return []
-    warning = kvlease.budget_warning(kvlease.decode_gap(process, before, now), lease)
+    warning = lease_budget.budget_warning(lease_budget.decode_gap(process, before, now), lease)
     return [warning] if warning else []
 
 

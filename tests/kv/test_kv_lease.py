@@ -12,6 +12,7 @@ import yaml
 
 from pdlaunch.doctor.diagnose import diagnose_evidence
 from pdlaunch.doctor.evidence import Evidence, ProcessEvidence
+from pdlaunch.observe import lease_budget
 from pdlaunch.observe.watch import lease_warnings
 from pdlaunch.plan import lease as kvlease
 from pdlaunch.plan.build import build_plan
@@ -62,7 +63,7 @@ def test_plan_lease_is_what_the_plan_renders():
 
 # -- the gap, measured ----------------------------------------------------------------------------
 def test_decode_gap_from_the_real_run():
-    g = kvlease.decode_gap("decode-0", BEFORE, AFTER)
+    g = lease_budget.decode_gap("decode-0", BEFORE, AFTER)
     assert g.count == 40
     # every queue wait was under vLLM's first bucket (0.3 s): the p99 is a bound
     assert g.p99_bound == "<=" and g.p50_bound == "<="
@@ -70,17 +71,17 @@ def test_decode_gap_from_the_real_run():
     assert 0.5 < g.handoff_mean_s < 1.5
     assert g.p99_s == pytest.approx(0.3 + g.handoff_mean_s)
     # over its whole life (no before): the canary request too
-    assert kvlease.decode_gap("decode-0", None, AFTER).count == 42
+    assert lease_budget.decode_gap("decode-0", None, AFTER).count == 42
 
 
 def test_budget_warning_before_expiry_not_after():
-    g = kvlease.decode_gap("decode-0", BEFORE, AFTER)
-    assert kvlease.budget_warning(g, kvlease.Lease(600, "x")) is None
-    assert kvlease.budget_warning(g, kvlease.Lease(30, "x")) is None
-    warning = kvlease.budget_warning(g, kvlease.Lease(2, "kv_lease_duration"))
+    g = lease_budget.decode_gap("decode-0", BEFORE, AFTER)
+    assert lease_budget.budget_warning(g, kvlease.Lease(600, "x")) is None
+    assert lease_budget.budget_warning(g, kvlease.Lease(30, "x")) is None
+    warning = lease_budget.budget_warning(g, kvlease.Lease(2, "kv_lease_duration"))
     assert warning is not None and "decode-0" in warning and "up to" in warning
     assert "2 s lease" in warning
-    assert kvlease.budget_warning(g, None) is None
+    assert lease_budget.budget_warning(g, None) is None
 
 
 def test_watch_warns_on_a_decode_only():
