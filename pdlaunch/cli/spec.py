@@ -15,7 +15,9 @@ from rich.markup import escape
 
 from pdlaunch.cli import k8s as k8s_cli
 from pdlaunch.cli import slurm as slurm_cli
-from pdlaunch.cli.app import (
+from pdlaunch.cli import summary
+from pdlaunch.cli.backend_options import check_chosen
+from pdlaunch.cli.common import (
     app,
     bad_input,
     finding_dict,
@@ -24,7 +26,6 @@ from pdlaunch.cli.app import (
     plan_or_exit,
     print_json,
 )
-from pdlaunch.cli.backend_options import check_chosen
 from pdlaunch.cli.k8s import ImageOpt, K8sTarget, K8sTargetOpt
 from pdlaunch.cli.options import JsonOpt, TopologyArg
 from pdlaunch.cli.slurm import (
@@ -45,7 +46,6 @@ from pdlaunch.cli.slurm import (
 from pdlaunch.plan import kv_geometry as kvgeometry
 from pdlaunch.plan.build import KvPair, Process
 from pdlaunch.plan.kv_path import PairPath
-from pdlaunch.plan.render import render_plan, write_files
 from pdlaunch.spec.topology import Topology
 
 
@@ -99,7 +99,7 @@ def port_lines(process: Process) -> list[str]:
     return [f"{compact_ranges(ports)} {PORT_LABELS.get(k, k)}" for k, ports in by_kind.items()]
 
 
-@app.command("validate")
+@app.command("validate", short_help=summary("validate"))
 def validate_cmd(
     ctx: typer.Context,
     topology: TopologyArg,
@@ -174,7 +174,7 @@ def kv_path_lines(paths: Iterable[PairPath | KvPair], width: int = 80) -> list[s
     return lines
 
 
-@app.command("plan")
+@app.command("plan", short_help=summary("plan"))
 def plan_cmd(topology: TopologyArg, as_json: JsonOpt = False) -> None:
     """Show every process the topology resolves to."""
     plan = plan_or_exit(topology, as_json)
@@ -197,7 +197,10 @@ def plan_cmd(topology: TopologyArg, as_json: JsonOpt = False) -> None:
         if p.devices:
             head += f", devices {','.join(map(str, p.devices))}"
         if p.vllm_version:
-            head += f", vLLM {escape(p.vllm_version)}"
+            release = f"vLLM {escape(p.vllm_version)}"
+            # A long release (0.10.2rc2) on its own line rather than past 80 columns.
+            fits = len(head) + len(release) - len("[bold][/]") + 2 <= 80
+            head += f", {release}" if fits else f"\n  {release}"
         out.print(head)
         out.print(f"  health {escape(p.health_url or '(headless)')}")
         for i, line in enumerate(port_lines(p)):
@@ -207,7 +210,7 @@ def plan_cmd(topology: TopologyArg, as_json: JsonOpt = False) -> None:
     out.print("[dim]argv, env, log paths and every port's purpose: pdlaunch plan FILE --json[/]")
 
 
-@app.command("render")
+@app.command("render", short_help=summary("render"))
 def render_cmd(
     ctx: typer.Context,
     topology: TopologyArg,
@@ -234,6 +237,8 @@ def render_cmd(
     """Write one runnable script per process, plus index.md and plan.json (with --backend
     slurm: the sbatch script slurm-job.sh too, and an index.md that says how to submit it;
     with --backend k8s: one YAML file per Kubernetes object, as `export k8s` did)."""
+    from pdlaunch.plan.render import render_plan, write_files  # jinja2: only here
+
     flags = SlurmFlags.of(locals())
     which = check_chosen(ctx, backend.value if backend else None)
     if which == "slurm":
@@ -256,7 +261,7 @@ def render_cmd(
             out.print(f"wrote {p}")
 
 
-@app.command("schema")
+@app.command("schema", short_help=summary("schema"))
 def schema_cmd() -> None:
     """Print the topology JSON Schema (for yaml-language-server and editors)."""
     print_json(Topology.model_json_schema())
