@@ -10,8 +10,7 @@ attributes from their ``__init__`` instead (:func:`forward`).
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
+import importlib.machinery
 import sys
 import warnings
 from collections.abc import Callable
@@ -63,7 +62,9 @@ def _warn(old: str, new: str) -> None:
     warnings.warn(f"{old} moved to {new}", DeprecationWarning, stacklevel=3)
 
 
-class _Alias(importlib.abc.Loader):
+# A loader and a finder by protocol (not importlib.abc's base classes, whose import costs the
+# command line a tenth of its start-up).
+class _Alias:
     def __init__(self, new: str) -> None:
         self.new = new
 
@@ -75,12 +76,17 @@ class _Alias(importlib.abc.Loader):
         pass  # the module at its new place already ran
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name: str, path: Any = None, target: Any = None):  # type: ignore[override]
+class _Finder:
+    def find_spec(
+        self, name: str, path: Any = None, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
         new = MODULES.get(name)
         if new is None:
             return None
-        return importlib.util.spec_from_loader(name, _Alias(new))
+        return importlib.machinery.ModuleSpec(name, _Alias(new))
+
+    def invalidate_caches(self) -> None:
+        pass
 
 
 def install() -> None:
@@ -95,7 +101,9 @@ def forward(package: str, module: str) -> Callable[[str], Any]:
     def __getattr__(attr: str) -> Any:
         # A submodule of the package (`from pdlaunch.plan import ports`) is the import
         # system's to load: answering for it here would import the old module's code first.
-        if attr.startswith("__") or importlib.util.find_spec(f"{package}.{attr}") is not None:
+        from importlib.util import find_spec
+
+        if attr.startswith("__") or find_spec(f"{package}.{attr}") is not None:
             raise AttributeError(attr)
         target = importlib.import_module(module)
         try:

@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from pdlaunch.cli.app import bad_input
+from pdlaunch.cli.common import bad_input
 
 SSH = frozenset({"ssh"})
 SLURM = frozenset({"slurm"})

@@ -15,7 +15,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from pdlaunch.cli.app import (
+from pdlaunch.cli import summary
+from pdlaunch.cli.common import (
     EXIT_FAILED,
     app,
     bad_input,
@@ -77,7 +78,7 @@ def _summary(result: bench.BenchResult) -> Table:
     return table
 
 
-@app.command("bench")
+@app.command("bench", short_help=summary("bench"))
 def bench_cmd(
     topology: TopologyArg,
     num_prompts: Annotated[

@@ -13,8 +13,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from pdlaunch import doctor
-from pdlaunch.cli.app import EXIT_FAILED, app, bad_input, err, failed, out, print_json
+from pdlaunch.cli import summary
 from pdlaunch.cli.backend_options import check_recorded
+from pdlaunch.cli.common import EXIT_FAILED, app, bad_input, err, failed, out, print_json
 from pdlaunch.cli.options import (
     AcceptKeysOpt,
     JsonOpt,
@@ -33,7 +34,7 @@ from pdlaunch.runtime.record_store import find
 from pdlaunch.runtime.state import DeploymentState, StateError
 
 
-@app.command("canary")
+@app.command("canary", short_help=summary("canary"))
 def canary_cmd(
     ctx: typer.Context,
     target: TargetArg = None,

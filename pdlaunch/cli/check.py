@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from pdlaunch.check.runner import CheckOptions, run_check
-from pdlaunch.cli.app import EXIT_FINDINGS, EXIT_OK, app, err, plan_or_exit, print_json
+from pdlaunch.cli import summary
+from pdlaunch.cli.common import EXIT_FINDINGS, EXIT_OK, app, err, plan_or_exit, print_json
 from pdlaunch.cli.options import (
     AcceptKeysOpt,
     JsonOpt,
@@ -20,7 +21,7 @@ from pdlaunch.cli.options import (
 from pdlaunch.cli.reports import print_report
 
 
-@app.command("check")
+@app.command("check", short_help=summary("check"))
 def check_cmd(
     topology: TopologyArg,
     as_json: JsonOpt = False,

@@ -10,8 +10,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from pdlaunch import doctor
-from pdlaunch.cli.app import EXIT_FAILED, app, failed, out, print_json
+from pdlaunch.cli import summary
 from pdlaunch.cli.backend_options import check_recorded
+from pdlaunch.cli.common import EXIT_FAILED, app, failed, out, print_json
 from pdlaunch.cli.options import (
     AcceptKeysOpt,
     JsonOpt,
@@ -24,7 +25,7 @@ from pdlaunch.cli.slurm import RecordedBackendOpt, recorded_backend
 from pdlaunch.cli.targets import resolve_deployment
 
 
-@app.command("doctor")
+@app.command("doctor", short_help=summary("doctor"))
 def doctor_cmd(
     ctx: typer.Context,
     target: TargetArg = None,

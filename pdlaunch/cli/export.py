@@ -8,12 +8,13 @@ from pathlib import Path
 import typer
 
 from pdlaunch.cli import k8s as k8s_cli
-from pdlaunch.cli.app import app, bad_input
+from pdlaunch.cli import summary
+from pdlaunch.cli.common import app, bad_input
 from pdlaunch.cli.k8s import ImageOpt, K8sTarget, K8sTargetOpt
 from pdlaunch.cli.options import JsonOpt, OldOutOpt, OutputDirOpt, TopologyArg
 
 export_app = typer.Typer(help="Write the deployment for another orchestrator", no_args_is_help=True)
-app.add_typer(export_app, name="export")
+app.add_typer(export_app, name="export", short_help=summary("export"))
 
 
 @export_app.command("k8s")

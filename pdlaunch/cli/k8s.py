@@ -1,5 +1,5 @@
 """Kubernetes on the command line: its options, declared once, and the manifests
-`render --backend k8s` writes (pdlaunch.backends.k8s.manifests*). `export k8s` is the same command
+`render --backend k8s` writes (pdlaunch.backends.k8s). `export k8s` is the same command
 under its old name: both call :func:`write`, so their files and output are the same."""
 
 from __future__ import annotations
@@ -11,9 +11,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from pdlaunch.backends.k8s import files as k8s_files
-from pdlaunch.backends.k8s import manifests as k8s
-from pdlaunch.cli.app import (
+from pdlaunch.cli.common import (
     EXIT_FINDINGS,
     failed,
     finding_dict,
@@ -24,8 +22,9 @@ from pdlaunch.cli.app import (
     print_error,
     print_json,
 )
-from pdlaunch.plan.build import build_plan
-from pdlaunch.rules import RUNTIME_ADDRESSED
+
+# The Kubernetes backend is imported by the functions that use it (`validate` without
+# --backend k8s loads none of it).
 
 
 class K8sTarget(str, Enum):
@@ -55,6 +54,10 @@ def write(
 ) -> None:
     """Validate the topology, then write one YAML file per Kubernetes object (same input,
     same bytes). Secrets become secretKeyRefs to `<deployment>-secrets`, never values."""
+    from pdlaunch.backends.k8s import files as k8s_files
+    from pdlaunch.backends.k8s import manifests as k8s
+    from pdlaunch.rules import RUNTIME_ADDRESSED
+
     # Pods advertise status.podIP as their side-channel host (k8s.py), not the topology's.
     plan = plan_or_exit(topology, as_json, skip=RUNTIME_ADDRESSED)
     topo, source = load_or_exit(topology, as_json)
@@ -73,6 +76,11 @@ def write(
 def validate(topology: Path, target: K8sTarget, image: str | None, as_json: bool) -> None:
     """Every rule the export runs, then the manifests built and checked as Kubernetes would
     check them; nothing written. Exit 2 unreadable input, 1 refused."""
+    from pdlaunch.backends.k8s import files as k8s_files
+    from pdlaunch.backends.k8s import manifests as k8s
+    from pdlaunch.plan.build import build_plan
+    from pdlaunch.rules import RUNTIME_ADDRESSED
+
     topo, findings = load_valid(topology, as_json, RUNTIME_ADDRESSED)
     try:
         export, _, _ = k8s_files.manifests(build_plan(topo), target.value, image)  # type: ignore[arg-type]

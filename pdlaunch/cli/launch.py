@@ -18,8 +18,10 @@ from pdlaunch.backends.slurm.runtime import SlurmRuntime
 from pdlaunch.backends.ssh.runtime import SshRuntime
 from pdlaunch.check.runner import CheckOptions, run_check
 from pdlaunch.cli import slurm as slurm_cli
+from pdlaunch.cli import summary
 from pdlaunch.cli import watch_cmd as watch_cli
-from pdlaunch.cli.app import (
+from pdlaunch.cli.backend_options import SSH_TRIO, check_chosen, check_recorded, refuse_unused
+from pdlaunch.cli.common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -32,7 +34,6 @@ from pdlaunch.cli.app import (
     print_error,
     print_json,
 )
-from pdlaunch.cli.backend_options import SSH_TRIO, check_chosen, check_recorded, refuse_unused
 from pdlaunch.cli.options import (
     AcceptKeysOpt,
     HealthTimeoutOpt,
@@ -138,7 +139,7 @@ def _preflight(plan: Plan, connect: ConnectOptions, launch_: Any, as_json: bool)
         raise typer.Exit(EXIT_FAILED)
 
 
-@app.command("up")
+@app.command("up", short_help=summary("up"))
 def up_cmd(
     ctx: typer.Context,
     topology: TopologyArg,
@@ -271,7 +272,7 @@ def up_cmd(
     out.print(table)
 
 
-@app.command("down")
+@app.command("down", short_help=summary("down"))
 def down_cmd(
     ctx: typer.Context,
     target: TargetArg = None,
@@ -338,7 +339,7 @@ def _uptime(seconds: float | None) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
-@app.command("status")
+@app.command("status", short_help=summary("status"))
 def status_cmd(
     ctx: typer.Context,
     target: TargetArg = None,
@@ -444,7 +445,7 @@ def _print_status(report: launch.StatusReport) -> None:
     out.print(table)
 
 
-@app.command("logs")
+@app.command("logs", short_help=summary("logs"))
 def logs_cmd(
     ctx: typer.Context,
     args: Annotated[

@@ -6,7 +6,7 @@ from rich.table import Table
 
 from pdlaunch.check.results import Status
 from pdlaunch.check.runner import CheckReport
-from pdlaunch.cli.app import err, out
+from pdlaunch.cli.common import err, out
 
 STATUS_STYLE = {
     Status.OK: "green",

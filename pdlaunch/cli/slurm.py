@@ -15,17 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 
-from pdlaunch.backends.slurm import job as slurm
-from pdlaunch.backends.slurm import rules as slurm_rules
-from pdlaunch.backends.slurm.client import expand_hostlist, partition_limits
-from pdlaunch.backends.slurm.job import SlurmError, SlurmOptions
-from pdlaunch.backends.slurm.record import SlurmRunError
-from pdlaunch.cli.app import (
+from pdlaunch.cli.common import (
     EXIT_FINDINGS,
     bad_input,
     err,
@@ -39,13 +34,16 @@ from pdlaunch.cli.app import (
     print_json,
     refuse,
 )
-from pdlaunch.plan.build import Plan, build_plan
-from pdlaunch.plan.render import RenderedFile, plan_json, write_files
-from pdlaunch.rules import SLURM_SKIP, Finding, has_errors, validate
-from pdlaunch.runtime import record_store
-from pdlaunch.runtime.state import StateError
 from pdlaunch.spec.backend_settings import SlurmSettings, merged
-from pdlaunch.spec.load import LoadError, load_backend_config
+from pdlaunch.spec.slurm_options import SlurmError, SlurmOptions
+
+if TYPE_CHECKING:
+    from pdlaunch.plan.build import Plan
+    from pdlaunch.plan.render import RenderedFile
+    from pdlaunch.rules import Finding
+
+# The Slurm backend, the record store and the plan are imported by the functions that use
+# them: `pdlaunch validate` without --backend slurm loads none of them.
 
 
 class Backend(str, Enum):
@@ -200,6 +198,8 @@ def recorded_backend(deployment: str, backend: Backend | None) -> Backend:
     """The backend `--backend` names, else the one whose record the deployment has (SSH when
     it has none: its commands say "nothing recorded" themselves). A record this pdlaunch
     cannot read (a newer format), or two format-1 records and no `--backend`: exit 2."""
+    from pdlaunch.runtime import record_store
+
     try:
         which = record_store.backend_of(deployment, backend.value if backend else None)
     except record_store.RecordError as exc:
@@ -211,6 +211,9 @@ def refuse_ssh_up(deployment: str) -> None:
     """`up` over SSH of a deployment that has a Slurm record would run a second copy beside
     the job (or hide its record): its record must go first (`down` cancels and forgets). A
     record too new to read: exit 2, nothing is done."""
+    from pdlaunch.runtime import record_store
+    from pdlaunch.runtime.state import StateError
+
     try:
         rec = record_store.read(deployment, "slurm")
     except record_store.OtherBackendError:
@@ -234,6 +237,9 @@ _TOP_LEVEL_COMMA = re.compile(r",(?![^\[]*\])")
 
 
 def _nodes(text: str) -> tuple[str, ...]:
+    from pdlaunch.backends.slurm.client import expand_hostlist
+    from pdlaunch.backends.slurm.record import SlurmRunError
+
     names: list[str] = []
     for item in (s.strip() for s in _TOP_LEVEL_COMMA.split(text)):
         if not item:
@@ -252,6 +258,8 @@ def settings(flags: SlurmFlags, block: SlurmSettings | None, as_json: bool) -> d
     """The Slurm settings of this run: the topology's ``slurm:`` block, then the
     ``--backend-config`` file's, then the flags typed (pdlaunch/spec/backend_settings.py). Exit 2
     with the file, line and key of a bad value in the file."""
+    from pdlaunch.spec.load import LoadError, load_backend_config
+
     layers = [block.given() if block is not None else {}]
     if flags.backend_config is not None:
         try:
@@ -269,6 +277,9 @@ def options(
     """`SlurmOptions` from the settings (:func:`settings`; exit 2 on a bad value), with the
     partition's GPUs and CPUs per node from sinfo when they do not give them and sinfo
     answers."""
+    from pdlaunch.backends.slurm.client import partition_limits
+    from pdlaunch.backends.slurm.record import SlurmRunError
+
     given = settings(flags, block, as_json)
     extra: dict[str, Any] = {}
     if given.get("start_timeout") is not None:
@@ -321,6 +332,11 @@ def validated(
     ``slurm:`` block, the --backend-config file and the flags), then the job's files rendered
     (a value no sbatch line can hold is found there). Exit 2 on unreadable input, 1 on any
     error."""
+    from pdlaunch.backends.slurm import job as slurm
+    from pdlaunch.backends.slurm import rules as slurm_rules
+    from pdlaunch.plan.build import build_plan
+    from pdlaunch.rules import SLURM_SKIP, has_errors, validate
+
     topo, source = load_or_exit(path, as_json)
     opts = options(flags, topo.slurm, as_json=as_json)
     # The job exports each node's own address as the side-channel host (PDLAUNCH_NODE_ADDR).
@@ -346,6 +362,8 @@ def validated(
 
 
 def validate_cmd(path: Path, flags: SlurmFlags, as_json: bool) -> None:
+    from pdlaunch.backends.slurm import job as slurm
+
     plan, findings, _, _ = validated(path, flags, as_json)
     if as_json:
         print_json(
@@ -360,6 +378,9 @@ def validate_cmd(path: Path, flags: SlurmFlags, as_json: bool) -> None:
 
 
 def render_cmd(path: Path, output: Path, flags: SlurmFlags, as_json: bool) -> None:
+    from pdlaunch.backends.slurm import job as slurm
+    from pdlaunch.plan.render import RenderedFile, plan_json, write_files
+
     plan, _, files, _ = validated(path, flags, as_json)
     if output.exists() and not output.is_dir():
         bad_input(f"{output}: exists and is not a directory")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pdlaunch.cli.app import bad_input, load_or_exit
+from pdlaunch.cli.common import bad_input, load_or_exit
 from pdlaunch.runtime.record_store import list_deployments
 from pdlaunch.runtime.state import state_root
 

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from pdlaunch import doctor
-from pdlaunch.cli.app import EXIT_FAILED, failed, out, print_json
+from pdlaunch.cli.common import EXIT_FAILED, failed, out, print_json
 from pdlaunch.observe import health
 from pdlaunch.observe import watch as watch_mod
 from pdlaunch.plan import lease as kvlease

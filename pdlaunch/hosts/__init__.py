@@ -23,29 +23,74 @@ container).
 
 from __future__ import annotations
 
-from pdlaunch.spec.addresses import LOCAL_ADDRESSES
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from .errors import (
-    CommandError,
-    CommandTimeout,
-    HostAuthError,
-    HostConnectionError,
-    HostError,
-    HostKeyError,
-    ProcessSurvived,
-    UnsafePathError,
-)
-from .host import Host
-from .local import LocalHost
-from .logs import LogFollower
-from .opening import is_local_address, open_host
-from .options import ConnectOptions
+if TYPE_CHECKING:
+    from pdlaunch.spec.addresses import LOCAL_ADDRESSES
+
+    from .errors import (
+        CommandError,
+        CommandTimeout,
+        HostAuthError,
+        HostConnectionError,
+        HostError,
+        HostKeyError,
+        ProcessSurvived,
+        UnsafePathError,
+    )
+    from .host import Host
+    from .local import LocalHost
+    from .logs import LogFollower
+    from .opening import is_local_address, open_host
+    from .options import ConnectOptions
+    from .pool import HostPool, ssh_settings
+    from .processes import Started
+    from .shell import sh_quote_path
+    from .ssh import SshHost, SshSettings, fingerprint
+    from .transport import CommandResult, Content, Upload
+
+# `parallel` is also the name of its module: bound here, as the import system would otherwise
+# leave the submodule under that name once anything imports `pdlaunch.hosts.parallel`.
 from .parallel import parallel
-from .pool import HostPool, ssh_settings
-from .processes import Started
-from .shell import sh_quote_path
-from .ssh import SshHost, SshSettings, fingerprint
-from .transport import CommandResult, Content, Upload
+
+# Each public name and the module that defines it: imported when first asked for, so a command
+# that never opens an SSH connection never imports paramiko (the CLI answers faster).
+_WHERE = {
+    "LOCAL_ADDRESSES": "pdlaunch.spec.addresses",
+    "CommandError": ".errors",
+    "CommandTimeout": ".errors",
+    "HostAuthError": ".errors",
+    "HostConnectionError": ".errors",
+    "HostError": ".errors",
+    "HostKeyError": ".errors",
+    "ProcessSurvived": ".errors",
+    "UnsafePathError": ".errors",
+    "Host": ".host",
+    "LocalHost": ".local",
+    "LogFollower": ".logs",
+    "is_local_address": ".opening",
+    "open_host": ".opening",
+    "ConnectOptions": ".options",
+    "HostPool": ".pool",
+    "ssh_settings": ".pool",
+    "Started": ".processes",
+    "sh_quote_path": ".shell",
+    "SshHost": ".ssh",
+    "SshSettings": ".ssh",
+    "fingerprint": ".ssh",
+    "CommandResult": ".transport",
+    "Content": ".transport",
+    "Upload": ".transport",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(where, __name__), name)
+
 
 __all__ = [
     "LOCAL_ADDRESSES",

@@ -1,26 +1,30 @@
 """The typer app every command registers on, its consoles, exit codes, and the helpers that
 turn bad input into a message and an exit code (never a traceback).
 
-Imports no command module: `pdlaunch.cli` (the package) imports the command modules, which
-import this one, so the dependency only points down.
+Imports no command module, and nothing heavy at import time (the command line answers
+``--help`` from this module and typer alone): the topology, the rules and the plan are
+imported by the helpers that use them.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pdlaunch.plan.build import Plan, build_plan
-from pdlaunch.rules import Finding, has_errors, validate
-from pdlaunch.spec.load import LoadError, Source, load
-from pdlaunch.spec.topology import Topology
+if TYPE_CHECKING:
+    from pdlaunch.plan.build import Plan
+    from pdlaunch.rules import Finding
+    from pdlaunch.spec.load import LoadError, Source
+    from pdlaunch.spec.topology import Topology
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1  # rule errors, or a failed check
@@ -28,12 +32,73 @@ EXIT_FAILED = 1  # an operation (up, down, bench, ...) failed
 EXIT_INPUT = 2  # unreadable input or a wrong argument
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 
+
+def _type_label(
+    param: typer.core.TyperOption | typer.core.TyperArgument, ctx: object
+) -> str | None:
+    """The value an option takes, as `--help` shows it: FLOAT, INTEGER, TEXT, PATH or the
+    choices, and nothing for a flag, where typer 0.29 prints `<bool>`, `<float range>`,
+    `<str>` (its display_type_rich, which its plain and rich help both call)."""
+    if param.metavar is not None:
+        return param.metavar
+    if isinstance(param, typer.core.TyperOption) and (param.is_flag or param.count):
+        return None
+    label = typer.core.TyperArgument.display_type(param, ctx)  # type: ignore[arg-type]
+    label = label.strip("<>").removesuffix(" range")
+    if "|" in label:
+        return label
+    return {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "path": "PATH"}.get(
+        label, label.upper()
+    )
+
+
+typer.core.TyperOption.display_type_rich = _type_label  # type: ignore[method-assign,assignment]
+typer.core.TyperArgument.display_type_rich = _type_label  # type: ignore[method-assign,assignment]
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # Plain help, as click formats it: rich's help panels cost the command line ~0.15 s of
+    # imports on every `--help` (benchmarks/bench_cli_start.py).
+    rich_markup_mode=None,
     help="Declarative launcher for prefill/decode disaggregated vLLM serving.",
 )
+
+
+def reflow(doc: str) -> str:
+    """A docstring as `--help` should show it: each paragraph one line, for the terminal to
+    wrap (typer keeps the line breaks of every paragraph but the first); list items and
+    indented lines are kept as they are."""
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    out = []
+    for para in paragraphs:
+        lines = para.splitlines()
+        if any(ln.startswith(("- ", "* ", " ")) for ln in lines):
+            out.append(para)
+        else:
+            out.append(" ".join(ln.strip() for ln in lines))
+    return "\n\n".join(out)
+
+
+def reflow_help(typer_app: typer.Typer) -> None:
+    """Every registered command's help reflowed (:func:`reflow`), sub-apps included."""
+    for info in typer_app.registered_commands:
+        doc = info.help or (inspect.getdoc(info.callback) if info.callback else None)
+        if doc:
+            info.help = reflow(doc)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            reflow_help(group.typer_instance)
+
+
+@app.callback()
+def _root() -> None:
+    # A group even when the console script registered one command only (pdlaunch.cli.main):
+    # typer runs a lone command without its name otherwise.
+    pass
+
+
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -62,6 +127,8 @@ def failed(message: str) -> NoReturn:
 
 def load_or_exit(path: Path, as_json: bool) -> tuple[Topology, Source]:
     """The topology and its source lines; exit 2 with every problem on unreadable input."""
+    from pdlaunch.spec.load import LoadError, load
+
     try:
         return load(path)
     except LoadError as exc:
@@ -113,6 +180,8 @@ def load_valid(
     path: Path, as_json: bool = False, skip: frozenset[str] = frozenset()
 ) -> tuple[Topology, list[Finding]]:
     """Load and validate; exit 2 on unreadable input, 1 on rule errors."""
+    from pdlaunch.rules import has_errors, validate
+
     topo, source = load_or_exit(path, as_json)
     findings = validate(topo, source, skip)
     if has_errors(findings):
@@ -136,5 +205,7 @@ def refuse(path: Path, findings: list[Finding], as_json: bool, backend: str = ""
 
 
 def plan_or_exit(path: Path, as_json: bool = False, skip: frozenset[str] = frozenset()) -> Plan:
+    from pdlaunch.plan.build import build_plan
+
     topo, _ = load_valid(path, as_json, skip)
     return build_plan(topo)
