@@ -245,7 +245,7 @@ def test_device_resources_and_images_per_kind():
     d = templates(specs["decode"])[0]["spec"]["containers"][0]
     assert (p["image"], p["resources"]) == (HPU_IMAGE, {"limits": {"habana.ai/gaudi": 1}})
     assert (d["image"], d["resources"]) == (
-        "vllm/vllm-openai:v0.32.0",
+        "vllm/vllm-openai:v0.13.0",  # the release the example pins (its guide's)
         {"limits": {"nvidia.com/gpu": 1}},
     )
     assert not any(e["name"] == "HABANA_VISIBLE_MODULES" for e in p["env"])
@@ -257,3 +257,38 @@ def test_device_resources_and_images_per_kind():
     assert router_container(one)["image"] == "router:2"
     with pytest.raises(ExportError, match="unknown device kind tpu"):
         build(cpu, image={"tpu": "x"})
+
+
+# -- the router's container -------------------------------------------------------------------
+
+
+def test_the_router_takes_its_containers_mounts_and_devices():
+    data = topology_data("local-cpu.yaml")
+    data["router"]["container"] = {
+        "image": "registry.example/router:1",
+        "mounts": ["/etc/pki/tls:/etc/pki/tls:ro", "/var/log/router:/logs"],
+        "devices": ["/dev/infiniband/uverbs0"],
+    }
+    plan, _ = plan_of(data)
+    objects = build(plan).objects
+    (dep,) = objects_by_kind(objects)["Deployment"]
+    pod = dep["spec"]["template"]["spec"]
+    container = router_container(objects)
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    mounted = {m["mountPath"]: (volumes[m["name"]], m.get("readOnly", False))
+               for m in container["volumeMounts"]}  # fmt: skip
+    assert mounted == {
+        "/etc/pki/tls": ("/etc/pki/tls", True),
+        "/logs": ("/var/log/router", False),
+        "/dev/infiniband/uverbs0": ("/dev/infiniband/uverbs0", False),
+    }
+    assert container["image"] == "registry.example/router:1"
+    kube.validate(dep)
+
+
+def test_a_router_without_a_container_spec_gets_no_volumes():
+    plan, _ = plan_of(topology_data("local-cpu.yaml"))
+    (dep,) = objects_by_kind(build(plan).objects)["Deployment"]
+    pod = dep["spec"]["template"]["spec"]
+    assert "volumes" not in pod and "volumeMounts" not in pod["containers"][0]
+    assert "securityContext" not in pod["containers"][0]

@@ -278,6 +278,14 @@ def _k8s_quantity(size: str) -> str:
     return size[:-1] + {"b": "", "k": "Ki", "m": "Mi", "g": "Gi"}[unit]
 
 
+def host_path_volumes(spec: ContainerSpec) -> list[Manifest]:
+    """The hostPath volumes :func:`apply_container_spec`'s mounts name."""
+    return [
+        {"name": _volume_name(i), "hostPath": {"path": src}}
+        for i, (src, _, _) in enumerate(_host_paths(spec))
+    ]
+
+
 def pod_template(
     container: Manifest, pod_labels: dict[str, str], spec: ContainerSpec | None = None
 ) -> Manifest:
@@ -288,10 +296,7 @@ def pod_template(
         shm["emptyDir"]["sizeLimit"] = _k8s_quantity(spec.shm_size)
     volumes: list[Manifest] = [shm]
     if spec is not None:
-        volumes += [
-            {"name": _volume_name(i), "hostPath": {"path": src}}
-            for i, (src, _, _) in enumerate(_host_paths(spec))
-        ]
+        volumes += host_path_volumes(spec)
     return {
         "metadata": {"labels": dict(pod_labels)},
         "spec": {"containers": [container], "volumes": volumes},

@@ -15,10 +15,12 @@ from pdlaunch.backends.k8s.model import (
     selector,
 )
 from pdlaunch.backends.k8s.pods import (
+    apply_container_spec,
     bind_to_pod_ip,
     container_command,
     container_env,
     container_ports,
+    host_path_volumes,
     probes,
     substitute,
 )
@@ -102,6 +104,16 @@ def router_objects(
     }
     if router.health_url:
         container.update(probes(router.health_url, startup=False))
+    pod_spec: Manifest = {"containers": [container]}
+    if router.container is not None:
+        # The router's `container:` as the engines' (mounts and devices from hostPath volumes,
+        # --privileged as the security context), without their /dev/shm.
+        container["volumeMounts"] = []
+        apply_container_spec(container, router.container)
+        if not container["volumeMounts"]:
+            del container["volumeMounts"]
+        if volumes := host_path_volumes(router.container):
+            pod_spec["volumes"] = volumes
     name = f"{ctx.name}-router"
     meta = {"name": name, "labels": labels(ctx.name, "router")}
     match = {k: v for k, v in meta["labels"].items() if k != "app.kubernetes.io/managed-by"}
@@ -146,7 +158,7 @@ def router_objects(
                 "selector": {"matchLabels": match},
                 "template": {
                     "metadata": {"labels": dict(meta["labels"])},
-                    "spec": {"serviceAccountName": name, "containers": [container]},
+                    "spec": {"serviceAccountName": name, **pod_spec},
                 },
             },
         },
