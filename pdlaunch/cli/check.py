@@ -9,7 +9,7 @@ import typer
 
 from pdlaunch.check.runner import CheckOptions, run_check
 from pdlaunch.cli import summary
-from pdlaunch.cli.common import EXIT_FINDINGS, EXIT_OK, app, err, plan_or_exit, print_json
+from pdlaunch.cli.common import EXIT_FINDINGS, EXIT_OK, app, err, plan_on_hosts, print_json
 from pdlaunch.cli.options import (
     AcceptKeysOpt,
     JsonOpt,
@@ -38,14 +38,20 @@ def check_cmd(
     ssh_config: SshConfigOpt = None,
 ) -> None:
     """Preflight every host and prefill->decode pair of the topology; starts nothing."""
-    plan = plan_or_exit(topology, as_json)
+    from pdlaunch.hosts import HostPool
+
     connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
-    opts = CheckOptions(fast=fast, bandwidth=bandwidth, connect=connect)
-    if as_json:
-        report = run_check(plan, opts)
-        print_json(report.to_dict())
-    else:
-        with err.status(f"checking {plan.deployment}...", spinner="dots"):
-            report = run_check(plan, opts)
-        print_report(report)
+    pool = HostPool(connect)  # one connection a host: the core count read, then the check
+    try:
+        plan = plan_on_hosts(topology, connect, as_json, pool=pool)
+        opts = CheckOptions(fast=fast, bandwidth=bandwidth, connect=connect)
+        if as_json:
+            report = run_check(plan, opts, pool=pool)
+            print_json(report.to_dict())
+        else:
+            with err.status(f"checking {plan.deployment}...", spinner="dots"):
+                report = run_check(plan, opts, pool=pool)
+            print_report(report)
+    finally:
+        pool.close()
     raise typer.Exit(EXIT_FINDINGS if report.failed else EXIT_OK)

@@ -21,6 +21,8 @@ from rich.markup import escape
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from pdlaunch.hosts import HostPool
+    from pdlaunch.hosts.options import ConnectOptions
     from pdlaunch.plan.build import Plan
     from pdlaunch.rules import Finding
     from pdlaunch.spec.load import LoadError, Source
@@ -208,4 +210,56 @@ def plan_or_exit(path: Path, as_json: bool = False, skip: frozenset[str] = froze
     from pdlaunch.plan.build import build_plan
 
     topo, _ = load_valid(path, as_json, skip)
+    return build_plan(topo)
+
+
+def plan_on_hosts(
+    path: Path,
+    connect: ConnectOptions,
+    as_json: bool = False,
+    skip: frozenset[str] = frozenset(),
+    pool: HostPool | None = None,
+) -> Plan:
+    """:func:`plan_or_exit` for commands that reach the hosts (`up` over SSH, `check`): a host
+    whose CPU engines the topology binds without `hosts.<host>.cpus` gets the core count its
+    own affinity mask allows (read on the host), so no engine is bound to a core the host
+    lacks; the rules judge the topology again with it. Says which counts were measured.
+    ``pool``: connect through it and leave it open (the command goes on with those hosts)."""
+    from pdlaunch.check.host_cpus import measure_cpus
+    from pdlaunch.hosts import HostPool
+    from pdlaunch.plan.build import build_plan
+    from pdlaunch.plan.cpu import hosts_without_cpus, with_host_cpus
+    from pdlaunch.rules import has_errors, validate
+    from pdlaunch.spec.load import LoadError, load
+
+    topo, findings = load_valid(path, as_json, skip)
+    need = hosts_without_cpus(topo)
+    if not need:
+        return build_plan(topo)
+    own = pool is None
+    hosts = HostPool(connect) if pool is None else pool
+    try:
+        measured = measure_cpus(build_plan(topo), need, hosts)
+    finally:
+        if own:
+            hosts.close()
+    if not measured:
+        return build_plan(topo)
+    topo = with_host_cpus(topo, measured)
+    try:
+        _, source = load(path)
+    except LoadError as exc:  # the file changed under us
+        input_errors(exc, as_json)
+    again = validate(topo, source, skip)
+    if has_errors(again):
+        refuse(path, again, as_json)
+    if not as_json:
+        for host, cpus in measured.items():
+            err.print(
+                f"[dim]{escape(host)}: {cpus} core(s), read from the host's affinity mask "
+                f"(`hosts.{escape(host)}.cpus` not set); CPU engines are bound within them[/]"
+            )
+        new = [f for f in again if f not in findings]
+        if new:
+            print_findings(new)
     return build_plan(topo)

@@ -30,6 +30,7 @@ from pdlaunch.cli.common import (
     err,
     failed,
     out,
+    plan_on_hosts,
     plan_or_exit,
     print_error,
     print_json,
@@ -64,7 +65,7 @@ from pdlaunch.cli.slurm import (
     TimeOpt,
 )
 from pdlaunch.cli.targets import resolve_deployment
-from pdlaunch.hosts import HostError
+from pdlaunch.hosts import HostError, HostPool
 from pdlaunch.hosts.options import ConnectOptions
 from pdlaunch.plan.build import Plan
 from pdlaunch.runtime import lifecycle as launch
@@ -207,8 +208,10 @@ def up_cmd(
         # A running Slurm job of this deployment is the first thing to say (before rules the
         # SSH backend adds, e.g. side-channel-host for Slurm node names).
         slurm_cli.refuse_ssh_up(resolve_deployment(str(topology), as_json))
-        plan = plan_or_exit(topology, as_json)
         connect = connect_options(accept_new_host_keys, known_hosts, ssh_config)
+        # The hosts connected to read CPU hosts' cores are the ones the launch then uses.
+        opts.pool = HostPool(connect)
+        plan = plan_on_hosts(topology, connect, as_json, pool=opts.pool)
         opts.connect = connect
         # `up` runs it once it has proven nothing of the deployment runs (a running one
         # holds its own ports, which the port probe would report as taken).

@@ -89,3 +89,40 @@ def host_budgets(topo: Topology, cores_of) -> list[HostBudget]:
             )
         )
     return out
+
+
+def hosts_without_cpus(topo: Topology) -> list[str]:
+    """Hosts (as written) that run CPU engines bound by pdlaunch and whose `cpus` the topology
+    does not give: `up` and `check` read their cores from the host itself."""
+    out: list[str] = []
+    for n in all_nodes(topo):
+        if _budget(n) is None or n.instance.devices is not None:
+            continue
+        if host_cpus(topo, n.host) is None and n.host not in out:
+            out.append(n.host)
+    return out
+
+
+def with_host_cpus(topo: Topology, measured: dict[str, int]) -> Topology:
+    """``topo`` with `hosts.<host>.cpus` set to ``measured`` where the topology leaves it
+    unset (a declared value always wins), as if the user had written it."""
+    from pdlaunch.spec.topology import HostSettings
+
+    hosts = dict(topo.hosts)
+    for host, cpus in measured.items():
+        key = topo.settings_key(host) or host
+        current = hosts.get(key, HostSettings())
+        if current.cpus is None:
+            hosts[key] = current.model_copy(update={"cpus": cpus})
+    new = topo.model_copy(update={"hosts": hosts})
+    new.__pydantic_private__["_derived"] = {}  # the copy shares the old cache otherwise
+    return new
+
+
+def usable_cores(allowed: set[int]) -> int:
+    """How many cores `cpus: N` (cores 0..N-1) may name on a host whose affinity mask is
+    ``allowed``: the run of cores from 0 it holds (0 when core 0 is not allowed)."""
+    n = 0
+    while n in allowed:
+        n += 1
+    return n

@@ -95,3 +95,32 @@ def test_cpus_must_be_positive():
 
     with pytest.raises(LoadError):
         _load(topo_text(cpus=0))
+
+
+# -- cores read from the host (`up`, `check`) -----------------------------------------------------
+
+
+def test_measured_cores_fill_only_what_the_topology_leaves_unset():
+    from pdlaunch.plan.cpu import hosts_without_cpus, with_host_cpus
+
+    bare, _ = _load(topo_text(cpus=None))
+    assert hosts_without_cpus(bare) == ["127.0.0.1"]
+    measured = with_host_cpus(bare, {"127.0.0.1": 2})
+    plan = build_plan(measured)
+    got = {p.name: p.env["VLLM_CPU_OMP_THREADS_BIND"] for p in plan.processes if p.role != "router"}
+    assert got == binds(topo_text(cpus=2))  # as if the user had written `cpus: 2`
+    assert build_plan(bare).by_role("decode")[1].env["VLLM_CPU_OMP_THREADS_BIND"] == "2"
+    declared, _ = _load(topo_text(cpus=4))
+    assert hosts_without_cpus(declared) == []
+    assert with_host_cpus(declared, {"127.0.0.1": 2}).settings_of("127.0.0.1").cpus == 4
+    pinned, _ = _load(topo_text(cpus=None, devices=[0]))  # decodes pinned by `devices:`
+    assert hosts_without_cpus(pinned) == ["127.0.0.1"]  # the prefill still is not
+
+
+def test_usable_cores_is_the_run_from_core_zero_the_mask_allows():
+    from pdlaunch.check.probes.cpu import parse_cpu_list
+    from pdlaunch.plan.cpu import usable_cores
+
+    assert usable_cores(parse_cpu_list("0-1")) == 2
+    assert usable_cores(parse_cpu_list("0-3,8")) == 4
+    assert usable_cores(parse_cpu_list("4-7")) == 0  # `cpus: N` cannot name these: left unset

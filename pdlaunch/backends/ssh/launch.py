@@ -64,7 +64,13 @@ class SshLaunch(Launch):
         if self.old is not None:
             connect = connect.or_recorded(self.old.known_hosts, self.old.ssh_config)
         self.connect = connect
-        self.pool = HostPool(connect, opener=opener)
+        given = opts.pool
+        if given is not None and opener is None and given.options == connect:
+            self.pool = given
+        else:
+            if given is not None:
+                given.close()
+            self.pool = HostPool(connect, opener=opener)
         self.state: DeploymentState | None = None
         self.adopted = frozenset()
         self.lock = threading.Lock()  # guards self.state: every change and its serialization

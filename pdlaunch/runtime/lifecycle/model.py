@@ -97,6 +97,9 @@ class UpOptions:
     # Findings for failed canary pairs, given the runtime's Launch (the CLI passes doctor's:
     # doctor sits above the backends, so a backend cannot call it itself); None: none.
     explain: Callable[[Any], list[Any]] | None = None
+    # Hosts this `up` already connected to (the CLI read CPU hosts' cores before planning):
+    # an SSH launch reuses them when it connects with the same options, so one login a host.
+    pool: Any = None
     # The Slurm runtime's options (SlurmOptions) and the environment secrets are read from.
     slurm: Any = None
     environ: dict[str, str] | None = None
