@@ -5,15 +5,16 @@ topology on a 2-core laptop). `render` and `plan` reach no host and bind as writ
 
 from __future__ import annotations
 
-from pdlaunch.check.probes.cpu import COMMAND, parse_cpu_list
+from pdlaunch.check.probes.cpu import COMMAND, parse_affinity
 from pdlaunch.hosts import HostError, HostPool, parallel
 from pdlaunch.plan.build import Plan
 from pdlaunch.plan.cpu import usable_cores
 
 
 def measure_cpus(plan: Plan, hosts: list[str], pool: HostPool) -> dict[str, int]:
-    """{host: usable cores} for each of ``hosts`` that answers; a host that cannot be reached
-    or read is left out (the preflight says why)."""
+    """{host: usable cores} for each of ``hosts`` that answers; a host that cannot be reached,
+    or answers with something that is not the command's output (the cpu probe's own parser
+    judges it), is left out: the preflight says why."""
     first = {}
     for p in plan.processes:
         if p.host in hosts and p.host not in first:
@@ -23,8 +24,7 @@ def measure_cpus(plan: Plan, hosts: list[str], pool: HostPool) -> dict[str, int]
         p = first[host]
         try:
             res = pool.get(p.host, p.local, p.ssh.model_dump()).run(COMMAND, timeout=30)
-            lines = res.stdout.strip().splitlines()
-            allowed = parse_cpu_list(lines[2].split(":", 1)[1])
+            _, _, _, allowed = parse_affinity(res.stdout)
         except (HostError, IndexError, ValueError):
             return host, None
         n = usable_cores(allowed)

@@ -74,14 +74,17 @@ def main() -> None:
     from pdlaunch.cli.common import app, reflow_help
 
     name = _command_named(sys.argv[1:])
-    if name in COMMANDS:
-        importlib.import_module(f"pdlaunch.cli.{COMMANDS[name][0]}")
+    loaded = COMMANDS[name][0] if name in COMMANDS else None
+    if loaded is not None:
+        importlib.import_module(f"pdlaunch.cli.{loaded}")
         reflow_help(app)
-    else:
-        # The command list (--help, no command, or a mistyped one): the names and their one
-        # line, with no command module loaded.
-        for command, (_, line) in COMMANDS.items():
+    # Every other command by its name and one line, with no module loaded: the command list
+    # is whole whatever was asked (`pdlaunch --help`, `pdlaunch --help up`, a mistyped name).
+    for command, (module, line) in COMMANDS.items():
+        if module != loaded:
             app.command(command, help=line, short_help=line)(_listed_only)
+    order = list(COMMANDS)
+    app.registered_commands.sort(key=lambda c: order.index(c.name) if c.name in order else 0)
     app()
 
 

@@ -182,15 +182,29 @@ def load_valid(
     path: Path, as_json: bool = False, skip: frozenset[str] = frozenset()
 ) -> tuple[Topology, list[Finding]]:
     """Load and validate; exit 2 on unreadable input, 1 on rule errors."""
+    topo, source = load_or_exit(path, as_json)
+    return topo, judged(path, topo, source, as_json, skip)
+
+
+def judged(
+    path: Path,
+    topo: Topology,
+    source: Source,
+    as_json: bool,
+    skip: frozenset[str] = frozenset(),
+    shown: list[Finding] | None = None,
+) -> list[Finding]:
+    """Every rule's findings on ``topo``; exit 1 on errors. The findings are printed, but
+    those in ``shown`` (already printed for the same file)."""
     from pdlaunch.rules import has_errors, validate
 
-    topo, source = load_or_exit(path, as_json)
     findings = validate(topo, source, skip)
     if has_errors(findings):
         refuse(path, findings, as_json)
-    if findings and not as_json:
-        print_findings(findings)
-    return topo, findings
+    new = [f for f in findings if f not in (shown or [])]
+    if new and not as_json:
+        print_findings(new)
+    return findings
 
 
 def refuse(path: Path, findings: list[Finding], as_json: bool, backend: str = "") -> NoReturn:
@@ -229,10 +243,9 @@ def plan_on_hosts(
     from pdlaunch.hosts import HostPool
     from pdlaunch.plan.build import build_plan
     from pdlaunch.plan.cpu import hosts_without_cpus, with_host_cpus
-    from pdlaunch.rules import has_errors, validate
-    from pdlaunch.spec.load import LoadError, load
 
-    topo, findings = load_valid(path, as_json, skip)
+    topo, source = load_or_exit(path, as_json)
+    findings = judged(path, topo, source, as_json, skip)
     need = hosts_without_cpus(topo)
     if not need:
         return build_plan(topo)
@@ -245,21 +258,12 @@ def plan_on_hosts(
             hosts.close()
     if not measured:
         return build_plan(topo)
-    topo = with_host_cpus(topo, measured)
-    try:
-        _, source = load(path)
-    except LoadError as exc:  # the file changed under us
-        input_errors(exc, as_json)
-    again = validate(topo, source, skip)
-    if has_errors(again):
-        refuse(path, again, as_json)
     if not as_json:
         for host, cpus in measured.items():
             err.print(
                 f"[dim]{escape(host)}: {cpus} core(s), read from the host's affinity mask "
                 f"(`hosts.{escape(host)}.cpus` not set); CPU engines are bound within them[/]"
             )
-        new = [f for f in again if f not in findings]
-        if new:
-            print_findings(new)
+    topo = with_host_cpus(topo, measured)
+    judged(path, topo, source, as_json, skip, shown=findings)  # as the rules see it now
     return build_plan(topo)

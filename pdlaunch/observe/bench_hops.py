@@ -327,8 +327,8 @@ def _kv_rate(
     )
 
 
-# The id `check` gives its ib_write_bw results (check/probes/bandwidth.py IB_WRITE_BW; a test
-# keeps the two equal): bench reads a saved report, so it needs the id, not the probe.
+# The id `check` gives its ib_write_bw results (check/probes/bandwidth.py IB_WRITE_BW takes it
+# from here): bench reads a saved report, so it needs the id, not the probe (check sits above).
 IB_WRITE_BW_PROBE = "bandwidth.ib_write_bw"
 
 

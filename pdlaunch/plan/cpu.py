@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pdlaunch.plan.ports import Node, all_nodes
 from pdlaunch.spec.addresses import host_key
 from pdlaunch.spec.devices import CpuBudget, profile
-from pdlaunch.spec.topology import Topology
+from pdlaunch.spec.topology import HostSettings, Topology
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,6 @@ def hosts_without_cpus(topo: Topology) -> list[str]:
 def with_host_cpus(topo: Topology, measured: dict[str, int]) -> Topology:
     """``topo`` with `hosts.<host>.cpus` set to ``measured`` where the topology leaves it
     unset (a declared value always wins), as if the user had written it."""
-    from pdlaunch.spec.topology import HostSettings
-
     hosts = dict(topo.hosts)
     for host, cpus in measured.items():
         key = topo.settings_key(host) or host

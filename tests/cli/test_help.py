@@ -81,3 +81,17 @@ def test_the_guard_sees_a_broken_paragraph() -> None:
     paragraphs = description(text)
     assert paragraphs == [["short line that ends early", "and goes on"]]
     assert len(paragraphs[0][0]) < 80 - 25
+
+
+def test_the_command_list_is_whole_when_help_comes_before_a_command() -> None:
+    # `pdlaunch --help up` prints the group's help: every command must be in it, not only the
+    # ones whose module the console script loaded for `up`.
+    text = help_text(["up"], 120).replace("Usage:", "")  # `up --help`: up's own help
+    assert "Commands:" not in text
+    env = {**os.environ, "COLUMNS": "120"}
+    proc = subprocess.run([sys.executable, "-m", "pdlaunch", "--help", "up"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    listed = [ln.split()[0] for ln in proc.stdout[proc.stdout.index("Commands:") :].splitlines()[1:]
+              if ln.startswith("  ") and not ln.startswith("   ")]  # fmt: skip
+    assert listed == list(COMMANDS), proc.stdout

@@ -18,6 +18,7 @@ from pdlaunch.check.probes.base import (
     unparsed,
 )
 from pdlaunch.check.results import CheckResult, Status
+from pdlaunch.observe.bench_hops import IB_WRITE_BW_PROBE
 
 
 def parse_ib_write_bw(text: str) -> dict[str, float] | None:
@@ -90,7 +91,7 @@ def server_command(params: Mapping[str, Any], timeout_s: int = 45) -> str:
 
 
 IB_WRITE_BW = Probe(
-    "bandwidth.ib_write_bw",
+    IB_WRITE_BW_PROBE,  # bench reads saved reports by it (observe/bench_hops.py)
     "RDMA write bandwidth",
     _cmd,
     eval_ib_write_bw,

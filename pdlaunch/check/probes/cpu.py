@@ -24,25 +24,40 @@ from pdlaunch.spec.devices import PROFILES
 COMMAND = "nproc; nproc --all; grep '^Cpus_allowed_list' /proc/self/status"
 
 
+# Linux's largest CPU count (NR_CPUS, 8192 in distribution kernels; 2^13 in Kconfig's range)
+# with room to spare: a mask naming more is not a real host's, and would cost memory to expand.
+MAX_CPUS = 1 << 16
+
+
 def parse_cpu_list(text: str) -> set[int]:
-    """``0-3,8,10-11`` -> {0, 1, 2, 3, 8, 10, 11}."""
+    """``0-3,8,10-11`` -> {0, 1, 2, 3, 8, 10, 11}. ValueError for anything else: a range
+    backwards, a core beyond :data:`MAX_CPUS`, a part that is not a number."""
     out: set[int] = set()
     for part in text.strip().split(","):
         if not part:
             continue
-        lo, _, hi = part.partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
+        lo_s, _, hi_s = part.partition("-")
+        lo, hi = int(lo_s), int(hi_s or lo_s)
+        if not 0 <= lo <= hi < MAX_CPUS:
+            raise ValueError(f"not a CPU range: {part[:40]!r}")
+        out.update(range(lo, hi + 1))
     return out
+
+
+def parse_affinity(stdout: str) -> tuple[int, int, str, set[int]]:
+    """:data:`COMMAND`'s output: (usable cores, all cores, the mask as written, the mask's
+    cores). ValueError (IndexError included) when it is not that output."""
+    lines = stdout.strip().splitlines()
+    usable, total = int(lines[0]), int(lines[1])
+    mask = lines[2].split(":", 1)[1].strip()
+    return usable, total, mask, parse_cpu_list(mask)
 
 
 def eval_cores(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     """params: ``bound`` {engine: [cores]} (derived within `hosts.H.cpus` where given),
     ``busy`` threads the engines keep busy."""
-    lines = out.stdout.strip().splitlines()
     try:
-        usable, total = int(lines[0]), int(lines[1])
-        mask = lines[2].split(":", 1)[1].strip()
-        allowed = parse_cpu_list(mask)
+        usable, total, mask, allowed = parse_affinity(out.stdout)
     except (IndexError, ValueError):
         return [unparsed(ctx, "nproc", out)]
     bound: dict[str, list[int]] = ctx.params.get("bound", {})
