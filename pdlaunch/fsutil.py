@@ -1,12 +1,16 @@
-"""Writing files on the control host so that a reader sees the old content or the new, never a
-part, and a symlink planted by someone else is never written through."""
+"""Files on the control host: written so that a reader sees the old content or the new, never a
+part, and a symlink planted by someone else is never written through; read with bounds (size,
+kind of file, JSON depth) so a file handed to pdlaunch cannot hang it or take its memory."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
+import math
 import os
 import secrets
+import stat
 
 # O_EXCL alone already refuses an existing name, symlinks included (open(2)); O_NOFOLLOW says
 # so again where the platform has it.
@@ -78,3 +82,121 @@ def atomic_write(
 def sync_dir(directory: str | os.PathLike[str]) -> None:
     """Make the entries renamed into `directory` durable (after `durable=False` writes)."""
     _fsync_dir(os.fspath(directory))
+
+
+class ReadRefused(ValueError):
+    """A file pdlaunch was handed is not one it will read: its message says why, for a user."""
+
+
+# O_NONBLOCK makes opening a FIFO return at once instead of waiting for a writer; the fstat
+# that follows refuses it (and devices, sockets, directories) before a byte is read.
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | os.O_CLOEXEC
+
+
+def read_bounded(path: str | os.PathLike[str], max_bytes: int, *, what: str = "file") -> bytes:
+    """The bytes of the regular file at `path`, refused (ReadRefused) when larger than
+    `max_bytes`, or when it is a FIFO, a device, a socket or a directory.
+
+    Symlinks are followed (a Hugging Face snapshot's config.json is a link into blobs/); what
+    they lead to must still be a regular file. At most `max_bytes + 1` bytes are ever read, so
+    a file that grows while it is read cannot take memory either.
+    """
+    name = os.fspath(path)
+    try:
+        fd = os.open(name, _READ_FLAGS)
+    except OSError as exc:
+        raise ReadRefused(f"{what} {name!r} cannot be read: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ReadRefused(f"{what} {name!r} is not a regular file ({_kind(info.st_mode)})")
+        if info.st_size > max_bytes:
+            raise ReadRefused(
+                f"{what} {name!r} is {info.st_size:,} bytes; at most {max_bytes:,} are read"
+            )
+        chunks: list[bytes] = []
+        left = max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise ReadRefused(f"{what} {name!r} cannot be read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > max_bytes:
+        raise ReadRefused(f"{what} {name!r} is larger than the {max_bytes:,} bytes read")
+    return data
+
+
+def _kind(mode: int) -> str:
+    for test, word in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+    ):
+        if test(mode):
+            return word
+    return "not a plain file"
+
+
+def json_depth(text: str) -> int:
+    """How deeply arrays and objects nest in JSON `text` (strings skipped), without parsing:
+    Python's json module recurses once per level and fails with RecursionError near 1,000."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text[:40]} is beyond a float's range")
+    return value
+
+
+def loads_json_bounded(text: str, *, max_depth: int = 64, what: str = "JSON") -> object:
+    """`json.loads` for text from outside: nesting deeper than `max_depth`, NaN, Infinity and
+    numbers beyond a float's range are refused with ReadRefused, never a traceback."""
+    if json_depth(text) > max_depth:
+        raise ReadRefused(f"{what} nests deeper than {max_depth} levels")
+    try:
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except (ValueError, RecursionError) as exc:
+        raise ReadRefused(f"{what} is not valid JSON: {str(exc)[:200]}") from None
+
+
+def read_json_bounded(
+    path: str | os.PathLike[str], max_bytes: int, *, max_depth: int = 64, what: str = "file"
+) -> object:
+    """The JSON value in the regular file at `path`, read and parsed with the bounds above."""
+    data = read_bounded(path, max_bytes, what=what)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ReadRefused(f"{what} {os.fspath(path)!r} is not UTF-8 text") from None
+    return loads_json_bounded(text, max_depth=max_depth, what=f"{what} {os.fspath(path)!r}")
