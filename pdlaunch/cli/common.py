@@ -11,16 +11,17 @@ from __future__ import annotations
 import inspect
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import typer
 import typer.core
-from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from pdlaunch.hosts import HostPool
     from pdlaunch.hosts.options import ConnectOptions
     from pdlaunch.plan.build import Plan
@@ -101,8 +102,28 @@ def _root() -> None:
     pass
 
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+class _LazyConsole:
+    """A rich Console made on first use: rich.console and its styles, themes and emoji cost
+    `--help` ~30 ms of imports it never uses (benchmarks/bench_cli_start.py)."""
+
+    def __init__(self, **options: object) -> None:
+        self._options = options
+        self._console: Console | None = None
+
+    def resolved(self) -> Console:
+        """The Console itself, for rich objects that keep it (Live sets attributes on it)."""
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)  # type: ignore[arg-type]
+        return self._console
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.resolved(), name)
+
+
+out: Console = _LazyConsole(highlight=False, soft_wrap=True)  # type: ignore[assignment]
+err: Console = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)  # type: ignore[assignment]
 
 
 def print_json(data: object) -> None:
@@ -168,14 +189,30 @@ def finding_dict(f: Finding) -> dict[str, object]:
     }
 
 
+def finding_lines(f: Finding, width: int = 80) -> list[str]:
+    """One finding as a compiler prints one: ``FILE:LINE: severity [rule] field`` first (the
+    form editors and pre-commit hooks jump from), then the message and the fix, wrapped and
+    indented. Plain text: the caller adds colour."""
+    from pdlaunch.spec.load import dotted
+
+    file_line = f"{f.file}:{f.line}" if f.file and f.line else (f.file or "topology")
+    field = dotted(f.field)
+    head = f"{file_line}: {f.severity} [{f.rule}]" + (f" {field}" if field else "")
+    body = textwrap.wrap(f.message, width, initial_indent="  ", subsequent_indent="  ")
+    if f.fix:
+        body += textwrap.wrap(f"fix: {f.fix}", width, initial_indent="  ",
+                              subsequent_indent="       ")  # fmt: skip
+    return [head, *body]
+
+
 def print_findings(findings: list[Finding]) -> None:
-    table = Table(title="Findings", show_lines=True)
-    for col in ("rule", "where", "message", "fix"):
-        table.add_column(col, overflow="fold")
+    width = max(40, min(err.width, 100))
     for f in findings:
+        head, *body = finding_lines(f, width)
         color = "red" if f.severity == "error" else "yellow"
-        table.add_row(f"[{color}]{f.rule}[/]", f.where, f.message, f.fix)
-    err.print(table)
+        err.print(f"[{color}]{escape(head)}[/]", soft_wrap=True)
+        for line in body:
+            err.print(escape(line), soft_wrap=True)
 
 
 def load_valid(

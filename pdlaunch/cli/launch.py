@@ -218,7 +218,7 @@ def up_cmd(
         if not skip_check:
             opts.preflight = lambda launch_: _preflight(plan, connect, launch_, as_json)
         runtime = runtime_for("ssh", connect)
-    reporter = RichReporter(err, enabled=not as_json)
+    reporter = RichReporter(err.resolved(), enabled=not as_json)  # type: ignore[attr-defined]
     try:
         with reporter:
             result = launch.up(runtime, plan, opts, reporter)

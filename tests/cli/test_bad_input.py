@@ -285,4 +285,4 @@ def test_up_canary_scope_other_than_all_or_router_is_exit_2_before_anything_runs
     res = run("up", str(ROOT / "topologies" / "local-cpu.yaml"), "--canary-scope", "pairs")
     assert res.exit_code == 2, res.output
     assert "--canary-scope 'pairs': expected all or router" in res.output
-    assert "Findings" not in res.output  # refused before the topology is validated
+    assert "[cpu-budget]" not in res.output  # refused before the topology is validated
