@@ -11,12 +11,14 @@ from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from pdlaunch.backends.k8s.model import (
+    CLUSTER_DOMAIN,
     LWS_LEADER_ADDRESS,
     LWS_WORKER_INDEX,
     Context,
     EnvRef,
     ExportError,
     Manifest,
+    PodDns,
     Token,
     WorkerRank,
 )
@@ -48,7 +50,8 @@ _LOOPBACK_UCX = ("UCX_NET_DEVICES", "lo")
 _SIDE_CHANNEL_HOST = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 SIDE_CHANNEL_PORT = "VLLM_NIXL_SIDE_CHANNEL_PORT"
 # Downward-API values a container can be given as variables.
-_FIELD_REFS = {"POD_IP": "status.podIP", "POD_NAMESPACE": "metadata.namespace"}
+_NAMESPACE = "POD_NAMESPACE"
+_FIELD_REFS = {"POD_IP": "status.podIP", _NAMESPACE: "metadata.namespace"}
 
 PORT_NAMES: dict[PortKind, str] = {
     "http": "http",
@@ -107,7 +110,7 @@ def _engine_argv(proc: Process, ctx: Context, notes: dict[str, None]) -> list[To
     args, _ = facts.scan(proc.argv, ctx.vllm[proc.name], start=1)
     opt = {a.dest: a for a in args if a.dest and a.values}
     new: dict[str, Token] = {}
-    if "port" in opt:
+    if "port" in opt and ctx.http_port is not None:
         new["port"] = str(ctx.http_port)
     if "host" in opt and not is_unspecified(opt["host"].values[0]):
         new["host"] = bind_to_pod_ip(proc, opt["host"].values[0], notes)
@@ -130,7 +133,7 @@ def container_command(
     """(command, args): the argv itself where the kubelet can resolve every reference, else
     a POSIX shell line (arithmetic for the start rank, prepending to an inherited path)."""
     if not path_prepend and not any(isinstance(t, WorkerRank) for t in argv):
-        words = [literal(t) if isinstance(t, str) else f"$({t.name})" for t in argv]
+        words = [_kubelet_word(t) for t in argv]
         return words[:1], words[1:]
     lines = [
         # Same form as templates/process.sh.j2: the image's own value stays after ours.
@@ -146,10 +149,29 @@ def container_command(
             words[-1].append(shlex.quote(t))
         elif isinstance(t, EnvRef):
             words[-1].append(f'"${{{t.name}:?}}"')
+        elif isinstance(t, PodDns):
+            words[-1].append(f'{t.pod}.{t.service}."${{{_NAMESPACE}:?}}".svc.{CLUSTER_DOMAIN}')
         else:
             words[-1].append(f'"$(( ${{{LWS_WORKER_INDEX}:?}} * {t.per_node} ))"')
     lines.append("exec " + " \\\n    ".join(" ".join(w) for w in words))
     return ["/bin/sh", "-c"], [literal("\n".join(lines) + "\n")]
+
+
+def _kubelet_word(t: Token) -> str:
+    if isinstance(t, str):
+        return literal(t)
+    if isinstance(t, EnvRef):
+        return f"$({t.name})"
+    if isinstance(t, PodDns):
+        return f"{t.pod}.{t.service}.$({_NAMESPACE}).svc.{CLUSTER_DOMAIN}"
+    raise TypeError(t)  # a WorkerRank needs the shell (container_command checks)
+
+
+def _env_refs(argv: list[Token]) -> set[str]:
+    refs = {t.name for t in argv if isinstance(t, EnvRef)}
+    if any(isinstance(t, PodDns) for t in argv):
+        refs.add(_NAMESPACE)
+    return refs
 
 
 def _field_ref(var: str) -> Manifest:
@@ -159,7 +181,7 @@ def _field_ref(var: str) -> Manifest:
 def container_env(
     proc: Process, argv: list[Token], secret: str, notes: dict[str, None]
 ) -> list[Manifest]:
-    refs = {t.name for t in argv if isinstance(t, EnvRef)}
+    refs = _env_refs(argv)
     out = [_field_ref(var) for var in _FIELD_REFS if var in refs]
     for var, value in proc.env.items():
         if var in _HOST_BOUND_ENV:
@@ -189,7 +211,7 @@ def container_ports(proc: Process, ctx: Context, side_channels: bool) -> list[Ma
             seen[p.kind] += 1
         if not _PORT_NAME.fullmatch(name):
             raise ExportError(f"{proc.name}: {name!r} is not a valid container port name")
-        port = ctx.http_port if p.kind == "http" else p.port
+        port = ctx.http_port if p.kind == "http" and ctx.http_port is not None else p.port
         out.append({"name": name, "containerPort": port, "protocol": "TCP"})
     return out
 
