@@ -45,6 +45,7 @@ from pdlaunch.backends.k8s.pods import (
     PORT_NAMES,
     SIDE_CHANNEL_PORT,
     engine_container,
+    pod_container_spec,
     pod_template,
 )
 from pdlaunch.backends.k8s.proxy import proxy_argv
@@ -177,7 +178,7 @@ def _role(
                 f"the plan (it shares a machine there); its pods use "
                 f"{first_nodes[0].instance}'s, each pod having its own address"
             ] = None
-    spec = first_nodes[0].container
+    spec = pod_container_spec(first_nodes[0], notes)
     if spec is not None and spec.privileged and DEVICE_RESOURCES[first_nodes[0].device or "cpu"]:
         # A privileged container gets every device node of its node (Kubernetes: privileged
         # = all host devices), so the device plugin's allocation no longer limits it.
@@ -192,8 +193,8 @@ def _role(
         role=role,
         instances=tuple(nodes[0].instance for nodes, _, _ in shapes),
         size=len(first_nodes),
-        leader=pod_template(leader, pod_labels, first_nodes[0].container),
-        worker=pod_template(worker, pod_labels, first_nodes[0].container) if worker else None,
+        leader=pod_template(leader, pod_labels, spec),
+        worker=pod_template(worker, pod_labels, spec) if worker else None,
         leaders_only=any(p.health_url is None for p in plan.by_role(role)),
     )
 
@@ -330,6 +331,14 @@ def build(
         argv = proxy_argv(plan, ctx, proxy, roles, notes)
         img = own_image or _proxy_image(plan, proxy, image, ctx, notes)
     before, after = router_objects(plan, ctx, argv, img, notes, discovers=proxy is None)
+    if plan.kv_connector == "mooncake":
+        # vllm-ascend af62af3c vllm_ascend/distributed/mooncake_connector.py.
+        notes[
+            "mooncake: vllm-ascend's connector advertises get_ip(), the pod's IP, as its "
+            "side-channel host (mooncake_connector.py:746) and its NPU by "
+            "ASCEND_RT_VISIBLE_DEVICES or else its TP rank (:758-769): in a pod, the device "
+            "plugin's NPUs counted from 0. Not run on Ascend hardware"
+        ] = None
     keys = sorted({src for p in plan.processes for src in p.secret_env.values()})
     return Export(
         name=name,

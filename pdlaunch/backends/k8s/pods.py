@@ -8,6 +8,7 @@ import re
 import shlex
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from pdlaunch.backends.k8s.model import (
@@ -36,6 +37,66 @@ from pdlaunch.spec.devices import device_kinds, profile
 DEVICE_RESOURCES: dict[str, str | None] = {
     kind: profile(kind).container.k8s_resource for kind in device_kinds()
 }
+
+
+@dataclass(frozen=True)
+class _PluginGives:
+    """What a device kind's device plugin, with the container runtime it drives, gives a pod
+    by itself: the kind's own `docker run` equivalents (devices.py ContainerNeeds) are left
+    out of the pod, as keeping them would hand it every device of its node."""
+
+    devices: frozenset[str] = frozenset()
+    mounts: frozenset[str] = frozenset()
+    env: frozenset[str] = frozenset()
+    unprivileged: bool = False  # privileged would lift the device cgroup the runtime sets
+    why: str = ""
+
+
+_ASCEND = profile("npu").container
+_PLUGIN_GIVES: dict[str, _PluginGives] = {
+    # Ascend Device Plugin passes the NPUs the scheduler chose to Ascend Docker Runtime in an
+    # environment variable (hiascend.com MindCluster 7.0.RC1 clustersched/dlug/mxdlug_005:
+    # "component functions"); the runtime mounts those davinci devices with davinci_manager,
+    # devmm_svm, hisi_hdc, the driver, dcmi and npu-smi, and limits the container's device
+    # cgroup to them (mindx-dl 5.0.0 dockerruntime/dlruntime_ug_013, toolboxug_000101).
+    "npu": _PluginGives(
+        devices=frozenset(_ASCEND.devices),
+        mounts=frozenset(m for m in _ASCEND.mounts if m.split(":")[0] != "/usr/local/sbin"),
+        unprivileged=True,
+        why="the Ascend Device Plugin and Ascend Docker Runtime mount the pod's own NPUs, "
+        "their management devices and the driver, so the guide's device nodes, /dev, driver "
+        "mounts and --privileged (which would show every NPU of the node) are left out",
+    ),
+    # habana-container-runtime mounts every Gaudi of the node when HABANA_VISIBLE_DEVICES is
+    # "all" (cmd/habana-container-runtime/specs.go filterDevicesByENV); the device plugin
+    # names the pod's own.
+    "hpu": _PluginGives(
+        env=frozenset({"HABANA_VISIBLE_DEVICES"}),
+        why="HABANA_VISIBLE_DEVICES=all is not set in pods: habana-container-runtime would "
+        "mount every Gaudi of the node; the device plugin names the pod's own",
+    ),
+}
+
+
+def pod_container_spec(proc: Process, notes: dict[str, None]) -> ContainerSpec | None:
+    """The process's topology `container:` as a pod runs it: without what the device plugin
+    gives the pod itself (_PLUGIN_GIVES)."""
+    spec = proc.container
+    gives = _PLUGIN_GIVES.get(proc.device or "cpu")
+    if spec is None or gives is None:
+        return spec
+    update = {
+        "devices": [d for d in spec.devices if d not in gives.devices],
+        "mounts": [m for m in spec.mounts if m not in gives.mounts],
+        "env": {k: v for k, v in spec.env.items() if k not in gives.env},
+        "privileged": spec.privileged and not gives.unprivileged,
+    }
+    out = spec.model_copy(update=update)
+    if out != spec:
+        notes[f"{proc.role}: {gives.why}"] = None
+    return out
+
+
 # The variables the plan derives for one machine's devices, cores or interfaces. In a pod the
 # device plugin exposes only the pod's own devices (renumbered from 0) and the kubelet owns
 # the cores, so the host's values would point at the wrong ones.
@@ -252,8 +313,9 @@ def engine_container(
     if proc.health_url:
         container.update(probes(proc.health_url, startup=True))
     container["volumeMounts"] = [_SHM_MOUNT]
-    if proc.container is not None:
-        apply_container_spec(container, proc.container)
+    spec = pod_container_spec(proc, notes)
+    if spec is not None:
+        apply_container_spec(container, spec)
     return container
 
 
