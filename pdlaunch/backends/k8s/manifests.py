@@ -183,7 +183,7 @@ def _role(
         # A privileged container gets every device node of its node (Kubernetes: privileged
         # = all host devices), so the device plugin's allocation no longer limits it.
         notes[
-            f"{role}: the pods run privileged (the device kind's container needs), so they "
+            f"{role}: the pods run privileged (the container spec's --privileged), so they "
             f"see every device of their node, not only the ones the device plugin gave them; "
             f"keep one engine pod per node (or drop privileged where the device plugin "
             f"suffices)"
