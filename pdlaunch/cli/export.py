@@ -10,7 +10,7 @@ import typer
 from pdlaunch.cli import k8s as k8s_cli
 from pdlaunch.cli import summary
 from pdlaunch.cli.common import app, bad_input
-from pdlaunch.cli.k8s import ImageOpt, K8sTarget, K8sTargetOpt
+from pdlaunch.cli.k8s import ImageOpt, K8sTargetOpt
 from pdlaunch.cli.options import JsonOpt, OldOutOpt, OutputDirOpt, TopologyArg
 
 export_app = typer.Typer(help="Write the deployment for another orchestrator", no_args_is_help=True)
@@ -22,7 +22,7 @@ def k8s_cmd(
     topology: TopologyArg,
     output: OutputDirOpt = None,
     old_out: OldOutOpt = None,
-    k8s_target: K8sTargetOpt = K8sTarget.disaggregatedset,
+    k8s_target: K8sTargetOpt = None,
     image: ImageOpt = None,
     as_json: JsonOpt = False,
 ) -> None:

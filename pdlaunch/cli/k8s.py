@@ -35,11 +35,12 @@ class K8sTarget(str, Enum):
 _PANEL = "Kubernetes (with --backend k8s)"
 # A choice: a bad value is a usage error (exit 2) naming the choices, from click itself.
 K8sTargetOpt = Annotated[
-    K8sTarget,
+    K8sTarget | None,
     typer.Option(
         "--k8s-target",
         case_sensitive=False,
-        help="disaggregatedset (LWS >= 0.9, default) or lws (two LeaderWorkerSets)",
+        help="disaggregatedset (LWS >= 0.9; the default behind vllm-router) or lws (two "
+        "LeaderWorkerSets; the default behind a fixed-list proxy)",
         rich_help_panel=_PANEL,
     ),
 ]
@@ -50,7 +51,7 @@ ImageOpt = Annotated[
 
 
 def write(
-    topology: Path, output: Path, target: K8sTarget, image: str | None, as_json: bool
+    topology: Path, output: Path, target: K8sTarget | None, image: str | None, as_json: bool
 ) -> None:
     """Validate the topology, then write one YAML file per Kubernetes object (same input,
     same bytes). Secrets become secretKeyRefs to `<deployment>-secrets`, never values."""
@@ -62,7 +63,8 @@ def write(
     plan = plan_or_exit(topology, as_json, skip=RUNTIME_ADDRESSED)
     topo, source = load_or_exit(topology, as_json)
     try:
-        paths = k8s_files.export_k8s(plan, topo, output, target.value, image, source=source)  # type: ignore[arg-type]
+        chosen = target.value if target else k8s.default_target(plan)
+        paths = k8s_files.export_k8s(plan, topo, output, chosen, image, source=source)  # type: ignore[arg-type]
     except k8s.ExportError as exc:
         failed(str(exc))
     except OSError as exc:
@@ -70,10 +72,10 @@ def write(
     if as_json:
         print_json({"files": [str(p) for p in paths]})
     else:
-        out.print(f"wrote {len(paths)} manifest(s) to {escape(str(output))} ({target.value})")
+        out.print(f"wrote {len(paths)} manifest(s) to {escape(str(output))} ({chosen})")
 
 
-def validate(topology: Path, target: K8sTarget, image: str | None, as_json: bool) -> None:
+def validate(topology: Path, target: K8sTarget | None, image: str | None, as_json: bool) -> None:
     """Every rule the export runs, then the manifests built and checked as Kubernetes would
     check them; nothing written. Exit 2 unreadable input, 1 refused."""
     from pdlaunch.backends.k8s import files as k8s_files
@@ -83,7 +85,11 @@ def validate(topology: Path, target: K8sTarget, image: str | None, as_json: bool
 
     topo, findings = load_valid(topology, as_json, RUNTIME_ADDRESSED)
     try:
-        export, _, _ = k8s_files.manifests(build_plan(topo), target.value, image)  # type: ignore[arg-type]
+        export, _, _ = k8s_files.manifests(
+            build_plan(topo),
+            target.value if target else None,  # type: ignore[arg-type]
+            image,
+        )
     except k8s.ExportError as exc:
         if as_json:
             print_json({"valid": False, "backend": "k8s", "error": str(exc)})
@@ -95,7 +101,7 @@ def validate(topology: Path, target: K8sTarget, image: str | None, as_json: bool
             {
                 "valid": True,
                 "backend": "k8s",
-                "target": target.value,
+                "target": export.target,
                 "objects": len(export.objects),
                 "findings": [finding_dict(f) for f in findings],
             }
@@ -103,5 +109,5 @@ def validate(topology: Path, target: K8sTarget, image: str | None, as_json: bool
         return
     out.print(
         f"[green]{escape(str(topology))}: valid for Kubernetes[/] ({len(export.objects)} "
-        f"object(s), {target.value}, {len(findings)} warning(s))"
+        f"object(s), {export.target}, {len(findings)} warning(s))"
     )

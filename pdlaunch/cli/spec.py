@@ -26,7 +26,7 @@ from pdlaunch.cli.common import (
     plan_or_exit,
     print_json,
 )
-from pdlaunch.cli.k8s import ImageOpt, K8sTarget, K8sTargetOpt
+from pdlaunch.cli.k8s import ImageOpt, K8sTargetOpt
 from pdlaunch.cli.options import JsonOpt, TopologyArg
 from pdlaunch.cli.slurm import (
     AccountOpt,
@@ -117,7 +117,7 @@ def validate_cmd(
     gpus_per_node: GpusPerNodeOpt = None,
     cpus_per_node: CpusPerNodeOpt = None,
     backend_config: BackendConfigOpt = None,
-    k8s_target: K8sTargetOpt = K8sTarget.disaggregatedset,
+    k8s_target: K8sTargetOpt = None,
     image: ImageOpt = None,
 ) -> None:
     """Check a topology against every rule (with --backend slurm, the Slurm placement rules
@@ -231,7 +231,7 @@ def render_cmd(
     gpus_per_node: GpusPerNodeOpt = None,
     cpus_per_node: CpusPerNodeOpt = None,
     backend_config: BackendConfigOpt = None,
-    k8s_target: K8sTargetOpt = K8sTarget.disaggregatedset,
+    k8s_target: K8sTargetOpt = None,
     image: ImageOpt = None,
 ) -> None:
     """Write one runnable script per process, plus index.md and plan.json (with --backend

@@ -46,18 +46,24 @@ from tests.support.k8s_export import (
 
 # -- every shipped topology --------------------------------------------------------------------
 
-# Why a shipped topology is not exported as it is (anything else must export).
-REFUSED = {
-    "ascend-mooncake-tp2.yaml": "kv_connector mooncake is not exported",
-    "cuda-prefill-gaudi-decode.yaml": "the router is not vllm-router",
-    "gaudi-prefill-cuda-decode.yaml": "the router is not vllm-router",
+# The shipped topologies whose router takes fixed host lists (router.kind toy-proxy): they
+# export as LeaderWorkerSets, whose pods have names known at export (test_k8s_proxy.py).
+PROXIED = {
+    "ascend-mooncake-tp2.yaml",
+    "cuda-prefill-gaudi-decode.yaml",
+    "gaudi-prefill-cuda-decode.yaml",
 }
 
 
-def test_the_refusal_table_names_shipped_topologies():
-    names = {p.name for p in SHIPPED}
-    assert set(REFUSED) <= names
-    assert {"gb200-xpyd.yaml", "local-cpu.yaml"} <= names - set(REFUSED)
+def test_every_shipped_topology_exports_with_the_default_target(tmp_path: Path):
+    assert {p.name for p in SHIPPED} >= PROXIED | {"gb200-xpyd.yaml", "local-cpu.yaml"}
+    for path in SHIPPED:
+        topo, source = load(path)
+        written = export_k8s(build_plan(topo), topo, tmp_path / path.stem, source=source)
+        index = (tmp_path / path.stem / "index.md").read_text()
+        target = "lws" if path.name in PROXIED else "disaggregatedset"
+        assert f"Kubernetes manifests ({target})" in index, path.name
+        assert len(written) > 3
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -67,11 +73,11 @@ def test_every_shipped_topology_exports_valid_objects(path: Path, target: str, t
     assert not has_errors(validate(topo, source)), "a shipped topology must validate"
     plan = build_plan(topo)
     image = {"hpu": HPU_IMAGE}
-    if path.name in REFUSED:
-        with pytest.raises(ExportError, match=REFUSED[path.name]):
+    if path.name in PROXIED and target == "disaggregatedset":
+        with pytest.raises(ExportError, match="DisaggregatedSet names its LeaderWorkerSets"):
             export_k8s(plan, topo, tmp_path / "out", target, image, source=source)
         assert not (tmp_path / "out").exists()
-        if "vllm-router" not in REFUSED[path.name]:
+        if "ascend" in path.name:
             return
         # The same deployment behind vllm-router exports.
         plan, topo = plan_of(with_vllm_router(topology_data(path.name)))
@@ -80,7 +86,8 @@ def test_every_shipped_topology_exports_valid_objects(path: Path, target: str, t
     assert objects == build(plan, target, image).objects
     kinds = [o["kind"] for o in objects]
     workload = ["DisaggregatedSet"] if target == "disaggregatedset" else ["LeaderWorkerSet"] * 2
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding", *workload, "Service", "Deployment"]
+    rbac = [] if k8s.check_router(plan) else ["ServiceAccount", "Role", "RoleBinding"]
+    assert kinds == [*rbac, *workload, "Service", "Deployment"]
     for obj in objects:
         kube.validate(obj)
     specs = role_specs(objects)

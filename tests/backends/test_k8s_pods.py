@@ -292,3 +292,53 @@ def test_a_router_without_a_container_spec_gets_no_volumes():
     pod = dep["spec"]["template"]["spec"]
     assert "volumes" not in pod and "volumeMounts" not in pod["containers"][0]
     assert "securityContext" not in pod["containers"][0]
+
+
+# -- what the device plugin gives a pod itself -------------------------------------------------
+
+
+def _pod_of(objects: list[dict], role: str) -> dict:
+    return templates(role_specs(objects)[role])[0]["spec"]
+
+
+def test_ascend_pods_get_their_npus_from_the_device_plugin_not_the_host():
+    plan, _ = plan_of(topology_data("ascend-mooncake-tp2.yaml"))
+    export = build(plan)
+    for role in ("prefill", "decode"):
+        proc = plan.by_role(role)[0]
+        # Over SSH the guide's docker run: every device node, /dev, the driver, privileged.
+        assert proc.container.privileged and "/dev:/dev" in proc.container.mounts
+        assert "/dev/davinci_manager" in proc.container.devices
+        pod = _pod_of(export.objects, role)
+        (c,) = pod["containers"]
+        host_paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+        # In a pod: none of them (they would show every NPU of the node); the topology's own
+        # mounts stay, the NPUs come as the resource.
+        assert "securityContext" not in c
+        assert not host_paths & {"/dev", "/usr/local/Ascend/driver", "/dev/davinci_manager",
+                                 "/dev/hisi_hdc", "/dev/devmm_svm", "/usr/local/dcmi"}  # fmt: skip
+        assert {"/mnt", "/data", "/home", "/opt"} <= host_paths
+        assert c["resources"] == {"limits": {"huawei.com/Ascend910": 2}}
+        assert not any(e["name"] == "ASCEND_RT_VISIBLE_DEVICES" for e in c["env"])
+        # Mooncake's handshake ports (kv_port + TP rank) are the pod's own.
+        assert [p["containerPort"] for p in c["ports"] if p["name"].startswith("mooncake")] == [
+            x.port for x in proc.ports if x.kind == "mooncake_kv"
+        ]
+    assert any("Ascend Docker Runtime" in n for n in export.notes)
+    assert any("get_ip(), the pod's IP" in n for n in export.notes)
+    for obj in export.objects:
+        kube.validate(obj)
+
+
+def test_gaudi_pods_do_not_ask_the_runtime_for_every_gaudi():
+    plan, _ = plan_of(topology_data("cuda-prefill-gaudi-decode.yaml"))
+    proc = plan.by_role("decode")[0]
+    assert proc.container.env["HABANA_VISIBLE_DEVICES"] == "all"  # over SSH: the guide's
+    export = build(plan)
+    (c,) = _pod_of(export.objects, "decode")["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert "HABANA_VISIBLE_DEVICES" not in env
+    assert env["OMPI_MCA_btl_vader_single_copy_mechanism"] == "none"
+    # The guide's --privileged (for InfiniBand) stays, and the export says what it costs.
+    assert c["securityContext"] == {"privileged": True}
+    assert any("decode: the pods run privileged" in n for n in export.notes)

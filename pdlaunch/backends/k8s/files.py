@@ -108,7 +108,7 @@ def _is_ours(path: Path) -> bool:
 
 def manifests(
     plan: Plan,
-    target: Target = "disaggregatedset",
+    target: Target | None = None,
     image: ImageChoice = None,
     router_image: str | None = None,
 ) -> tuple[Export, list[str], list[str]]:
@@ -128,7 +128,7 @@ def manifests(
 def write_manifests(
     plan: Plan,
     out_dir: str | Path,
-    target: Target = "disaggregatedset",
+    target: Target | None = None,
     image: ImageChoice = None,
     router_image: str | None = None,
 ) -> list[Path]:
@@ -154,7 +154,7 @@ def export_k8s(
     plan: Plan,
     topology: Topology,
     out_dir: str | Path,
-    target: Target = "disaggregatedset",
+    target: Target | None = None,
     image: ImageChoice = None,
     *,
     router_image: str | None = None,

@@ -45,11 +45,13 @@ from pdlaunch.backends.k8s.pods import (
     PORT_NAMES,
     SIDE_CHANNEL_PORT,
     engine_container,
+    pod_container_spec,
     pod_template,
 )
-from pdlaunch.backends.k8s.router import check_router, router_objects
+from pdlaunch.backends.k8s.proxy import proxy_argv
+from pdlaunch.backends.k8s.router import check_router, discovery_argv, router_objects
 from pdlaunch.plan.build import Plan, Process, ProcessRole
-from pdlaunch.spec import facts
+from pdlaunch.spec import facts, proxies
 
 __all__ = [
     "DEFAULT_IMAGES",
@@ -63,13 +65,14 @@ __all__ = [
     "Manifest",
     "Target",
     "build",
+    "default_target",
     "k8s_name",
 ]
 
 # Default images per device kind for the plan's vLLM series ({series}: "0.32" -> v0.32.0).
 # None: no public image pairs that device's vLLM plugin with a given vLLM release (Gaudi
-# images follow Intel Gaudi software releases), so the caller names one; Ascend is never
-# exported (Mooncake, see build()).
+# images follow Intel Gaudi software releases, Ascend images CANN and MindIE releases), so
+# the caller or the topology's container.image names one.
 DEFAULT_IMAGES: dict[str, str | None] = {
     # {version}: the release of the instance's vLLM facts (its vllm_version's series).
     "cuda": "vllm/vllm-openai:v{version}",
@@ -175,13 +178,23 @@ def _role(
                 f"the plan (it shares a machine there); its pods use "
                 f"{first_nodes[0].instance}'s, each pod having its own address"
             ] = None
+    spec = pod_container_spec(first_nodes[0], notes)
+    if spec is not None and spec.privileged and DEVICE_RESOURCES[first_nodes[0].device or "cpu"]:
+        # A privileged container gets every device node of its node (Kubernetes: privileged
+        # = all host devices), so the device plugin's allocation no longer limits it.
+        notes[
+            f"{role}: the pods run privileged (the container spec's --privileged), so they "
+            f"see every device of their node, not only the ones the device plugin gave them; "
+            f"keep one engine pod per node (or drop privileged where the device plugin "
+            f"suffices)"
+        ] = None
     pod_labels = labels(ctx.name, role)
     return RoleTemplate(
         role=role,
         instances=tuple(nodes[0].instance for nodes, _, _ in shapes),
         size=len(first_nodes),
-        leader=pod_template(leader, pod_labels, first_nodes[0].container),
-        worker=pod_template(worker, pod_labels, first_nodes[0].container) if worker else None,
+        leader=pod_template(leader, pod_labels, spec),
+        worker=pod_template(worker, pod_labels, spec) if worker else None,
         leaders_only=any(p.health_url is None for p in plan.by_role(role)),
     )
 
@@ -236,26 +249,64 @@ def _workloads(name: str, target: Target, roles: list[RoleTemplate]) -> list[Man
     ]
 
 
+def default_target(plan: Plan) -> Target:
+    """DisaggregatedSet, but two LeaderWorkerSets for a fixed-list proxy: it names pods by the
+    LeaderWorkerSets' names, which a DisaggregatedSet derives from a hash (build())."""
+    return "disaggregatedset" if check_router(plan) is None else "lws"
+
+
+def _proxy_image(
+    plan: Plan, proxy: proxies.ProxyFacts, image: ImageChoice, ctx: Context, notes: dict[str, None]
+) -> str:
+    """A proxy without an image of its own runs in the image of the engines whose plugin's
+    checkout ships the script: the guides install that plugin from its checkout there."""
+    script = proxies.split_launcher(plan.router.argv)[0][-1]
+    for proc in plan.processes:
+        if proc.role != "router" and (proc.plugin or "").split("@")[0] == proxy.plugin:
+            img = _image(proc, image, ctx.vllm[proc.name])
+            notes[
+                f"router: the router names no image, so {proxy.script} runs in "
+                f"{proc.instance}'s ({img}): {proxy.plugin}'s checkout holds it "
+                f"({proxy.path}); that image must have it at {script}"
+            ] = None
+            return img
+    raise ExportError(
+        f"the router runs {proxy.script} and names no image: give the router a "
+        f"container.image holding {script} with python, fastapi, httpx and uvicorn"
+    )
+
+
 def build(
     plan: Plan,
-    target: Target = "disaggregatedset",
+    target: Target | None = None,
     image: ImageChoice = None,
     router_image: str | None = None,
 ) -> Export:
-    """Every object of the deployment, in the order `kubectl apply` should create them."""
+    """Every object of the deployment, in the order `kubectl apply` should create them.
+    ``target`` None: :func:`default_target`."""
+    proxy = check_router(plan)
+    target = target or default_target(plan)
     if target not in TARGETS:
         raise ExportError(f"unknown target {target!r}: use one of {', '.join(TARGETS)}")
-    if plan.kv_connector != "nixl":
+    if proxy is not None and target == "disaggregatedset":
+        # lws v0.10.0 pkg/utils/disaggregatedset/utils.go: GenerateName, ComputeRevision.
         raise ExportError(
-            f"kv_connector {plan.kv_connector} is not exported: the Ascend Mooncake path runs "
-            f"vllm-ascend's proxy, which has no Kubernetes service discovery, and vllm-router's "
-            f"mooncake mode is not verified against vllm-ascend's connector (docs/k8s-export.md)"
+            f"the router runs {proxy.script}, which takes fixed host lists, and a "
+            f"DisaggregatedSet names its LeaderWorkerSets <name>-<slice>-<revision>-<role> "
+            f"with the revision a hash of the templates as the API server stores them, so its "
+            f"pods' DNS names are not known at export: use --k8s-target lws (or router.kind: "
+            f"vllm-router, which finds pods by label)"
+        )
+    if plan.kv_connector != "nixl" and proxy is None:
+        raise ExportError(
+            f"kv_connector {plan.kv_connector} behind vllm-router is not exported: its "
+            f"--kv-connector mooncake mode is not verified against vllm-ascend's connector "
+            f"(docs/k8s-export.md); run vllm-ascend's proxy (router.kind: toy-proxy)"
         )
     if isinstance(image, Mapping):
         unknown = sorted(set(image) - set(DEVICE_RESOURCES))
         if unknown:
             raise ExportError(f"image: unknown device kind {', '.join(unknown)}")
-    check_router(plan)
     name = k8s_name(plan.deployment)
     notes: dict[str, None] = {}
     vllm: dict[str, facts.Facts] = {}
@@ -268,23 +319,32 @@ def build(
                 f"pdlaunch has no facts for vLLM {version} ({proc.name}); it has: "
                 f"{', '.join(facts.supported_vllm())}"
             ) from None
-    ctx = Context(name, vllm, _http_port(plan, notes), f"{name}-secrets")
+    # vllm-router discovers one port for every pod; a proxy is given each pod's own.
+    http_port = _http_port(plan, notes) if proxy is None else None
+    ctx = Context(name, vllm, http_port, f"{name}-secrets")
     roles = [_role(plan, role, ctx, image, notes) for role in ("prefill", "decode")]
-    router = router_objects(
-        plan,
-        ctx,
-        roles,
-        router_image
-        or (plan.router.container.image if plan.router.container else None)
-        or DEFAULT_ROUTER_IMAGE.format(version=facts.router().version),
-        notes,
-    )
+    own_image = router_image or (plan.router.container.image if plan.router.container else None)
+    if proxy is None:
+        argv = discovery_argv(plan, ctx, roles, notes)
+        img = own_image or DEFAULT_ROUTER_IMAGE.format(version=facts.router().version)
+    else:
+        argv = proxy_argv(plan, ctx, proxy, roles, notes)
+        img = own_image or _proxy_image(plan, proxy, image, ctx, notes)
+    before, after = router_objects(plan, ctx, argv, img, notes, discovers=proxy is None)
+    if plan.kv_connector == "mooncake":
+        # vllm-ascend af62af3c vllm_ascend/distributed/mooncake_connector.py.
+        notes[
+            "mooncake: vllm-ascend's connector advertises get_ip(), the pod's IP, as its "
+            "side-channel host (mooncake_connector.py:746) and its NPU by "
+            "ASCEND_RT_VISIBLE_DEVICES or else its TP rank (:758-769): in a pod, the device "
+            "plugin's NPUs counted from 0. Not run on Ascend hardware"
+        ] = None
     keys = sorted({src for p in plan.processes for src in p.secret_env.values()})
     return Export(
         name=name,
         target=target,
         # Copied, so no two places share one dict (a caller may edit what it gets).
-        objects=copy.deepcopy([*router[:3], *_workloads(name, target, roles), *router[3:]]),
+        objects=copy.deepcopy([*before, *_workloads(name, target, roles), *after]),
         secret=ctx.secret if keys else None,
         secret_keys=tuple(keys),
         notes=tuple(notes),

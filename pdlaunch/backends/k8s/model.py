@@ -54,7 +54,20 @@ class WorkerRank:
     per_node: int
 
 
-Token = str | EnvRef | WorkerRank
+@dataclass(frozen=True)
+class PodDns:
+    """A pod's stable DNS name, ``<pod>.<service>.<namespace>.svc.<cluster domain>``: what a
+    StatefulSet pod gets from its headless Service (the pod's hostname and subdomain), the
+    namespace filled in from the downward API where the container starts."""
+
+    pod: str
+    service: str
+
+
+# Kubernetes' default cluster domain (the kubelet's --cluster-domain; kubeadm's default).
+CLUSTER_DOMAIN = "cluster.local"
+
+Token = str | EnvRef | WorkerRank | PodDns
 
 
 @dataclass(frozen=True)
@@ -89,7 +102,9 @@ class Export:
 class Context:
     name: str
     vllm: dict[str, facts.Facts]  # per process name: the facts of the release it runs
-    http_port: int
+    # The one HTTP port of every engine pod (vllm-router discovers one port); None: each
+    # keeps its planned port (a fixed-list proxy is given each one).
+    http_port: int | None
     secret: str
 
 

@@ -8,15 +8,18 @@ import re
 import shlex
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from pdlaunch.backends.k8s.model import (
+    CLUSTER_DOMAIN,
     LWS_LEADER_ADDRESS,
     LWS_WORKER_INDEX,
     Context,
     EnvRef,
     ExportError,
     Manifest,
+    PodDns,
     Token,
     WorkerRank,
 )
@@ -34,6 +37,66 @@ from pdlaunch.spec.devices import device_kinds, profile
 DEVICE_RESOURCES: dict[str, str | None] = {
     kind: profile(kind).container.k8s_resource for kind in device_kinds()
 }
+
+
+@dataclass(frozen=True)
+class _PluginGives:
+    """What a device kind's device plugin, with the container runtime it drives, gives a pod
+    by itself: the kind's own `docker run` equivalents (devices.py ContainerNeeds) are left
+    out of the pod, as keeping them would hand it every device of its node."""
+
+    devices: frozenset[str] = frozenset()
+    mounts: frozenset[str] = frozenset()
+    env: frozenset[str] = frozenset()
+    unprivileged: bool = False  # privileged would lift the device cgroup the runtime sets
+    why: str = ""
+
+
+_ASCEND = profile("npu").container
+_PLUGIN_GIVES: dict[str, _PluginGives] = {
+    # Ascend Device Plugin passes the NPUs the scheduler chose to Ascend Docker Runtime in an
+    # environment variable (hiascend.com MindCluster 7.0.RC1 clustersched/dlug/mxdlug_005:
+    # "component functions"); the runtime mounts those davinci devices with davinci_manager,
+    # devmm_svm, hisi_hdc, the driver, dcmi and npu-smi, and limits the container's device
+    # cgroup to them (mindx-dl 5.0.0 dockerruntime/dlruntime_ug_013, toolboxug_000101).
+    "npu": _PluginGives(
+        devices=frozenset(_ASCEND.devices),
+        mounts=frozenset(m for m in _ASCEND.mounts if m.split(":")[0] != "/usr/local/sbin"),
+        unprivileged=True,
+        why="the Ascend Device Plugin and Ascend Docker Runtime mount the pod's own NPUs, "
+        "their management devices and the driver, so the guide's device nodes, /dev, driver "
+        "mounts and --privileged (which would show every NPU of the node) are left out",
+    ),
+    # habana-container-runtime mounts every Gaudi of the node when HABANA_VISIBLE_DEVICES is
+    # "all" (cmd/habana-container-runtime/specs.go filterDevicesByENV); the device plugin
+    # names the pod's own.
+    "hpu": _PluginGives(
+        env=frozenset({"HABANA_VISIBLE_DEVICES"}),
+        why="HABANA_VISIBLE_DEVICES=all is not set in pods: habana-container-runtime would "
+        "mount every Gaudi of the node; the device plugin names the pod's own",
+    ),
+}
+
+
+def pod_container_spec(proc: Process, notes: dict[str, None]) -> ContainerSpec | None:
+    """The process's topology `container:` as a pod runs it: without what the device plugin
+    gives the pod itself (_PLUGIN_GIVES)."""
+    spec = proc.container
+    gives = _PLUGIN_GIVES.get(proc.device or "cpu")
+    if spec is None or gives is None:
+        return spec
+    update = {
+        "devices": [d for d in spec.devices if d not in gives.devices],
+        "mounts": [m for m in spec.mounts if m not in gives.mounts],
+        "env": {k: v for k, v in spec.env.items() if k not in gives.env},
+        "privileged": spec.privileged and not gives.unprivileged,
+    }
+    out = spec.model_copy(update=update)
+    if out != spec:
+        notes[f"{proc.role}: {gives.why}"] = None
+    return out
+
+
 # The variables the plan derives for one machine's devices, cores or interfaces. In a pod the
 # device plugin exposes only the pod's own devices (renumbered from 0) and the kubelet owns
 # the cores, so the host's values would point at the wrong ones.
@@ -48,7 +111,8 @@ _LOOPBACK_UCX = ("UCX_NET_DEVICES", "lo")
 _SIDE_CHANNEL_HOST = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 SIDE_CHANNEL_PORT = "VLLM_NIXL_SIDE_CHANNEL_PORT"
 # Downward-API values a container can be given as variables.
-_FIELD_REFS = {"POD_IP": "status.podIP", "POD_NAMESPACE": "metadata.namespace"}
+_NAMESPACE = "POD_NAMESPACE"
+_FIELD_REFS = {"POD_IP": "status.podIP", _NAMESPACE: "metadata.namespace"}
 
 PORT_NAMES: dict[PortKind, str] = {
     "http": "http",
@@ -107,7 +171,7 @@ def _engine_argv(proc: Process, ctx: Context, notes: dict[str, None]) -> list[To
     args, _ = facts.scan(proc.argv, ctx.vllm[proc.name], start=1)
     opt = {a.dest: a for a in args if a.dest and a.values}
     new: dict[str, Token] = {}
-    if "port" in opt:
+    if "port" in opt and ctx.http_port is not None:
         new["port"] = str(ctx.http_port)
     if "host" in opt and not is_unspecified(opt["host"].values[0]):
         new["host"] = bind_to_pod_ip(proc, opt["host"].values[0], notes)
@@ -130,7 +194,7 @@ def container_command(
     """(command, args): the argv itself where the kubelet can resolve every reference, else
     a POSIX shell line (arithmetic for the start rank, prepending to an inherited path)."""
     if not path_prepend and not any(isinstance(t, WorkerRank) for t in argv):
-        words = [literal(t) if isinstance(t, str) else f"$({t.name})" for t in argv]
+        words = [_kubelet_word(t) for t in argv]
         return words[:1], words[1:]
     lines = [
         # Same form as templates/process.sh.j2: the image's own value stays after ours.
@@ -146,10 +210,29 @@ def container_command(
             words[-1].append(shlex.quote(t))
         elif isinstance(t, EnvRef):
             words[-1].append(f'"${{{t.name}:?}}"')
+        elif isinstance(t, PodDns):
+            words[-1].append(f'{t.pod}.{t.service}."${{{_NAMESPACE}:?}}".svc.{CLUSTER_DOMAIN}')
         else:
             words[-1].append(f'"$(( ${{{LWS_WORKER_INDEX}:?}} * {t.per_node} ))"')
     lines.append("exec " + " \\\n    ".join(" ".join(w) for w in words))
     return ["/bin/sh", "-c"], [literal("\n".join(lines) + "\n")]
+
+
+def _kubelet_word(t: Token) -> str:
+    if isinstance(t, str):
+        return literal(t)
+    if isinstance(t, EnvRef):
+        return f"$({t.name})"
+    if isinstance(t, PodDns):
+        return f"{t.pod}.{t.service}.$({_NAMESPACE}).svc.{CLUSTER_DOMAIN}"
+    raise TypeError(t)  # a WorkerRank needs the shell (container_command checks)
+
+
+def _env_refs(argv: list[Token]) -> set[str]:
+    refs = {t.name for t in argv if isinstance(t, EnvRef)}
+    if any(isinstance(t, PodDns) for t in argv):
+        refs.add(_NAMESPACE)
+    return refs
 
 
 def _field_ref(var: str) -> Manifest:
@@ -159,7 +242,7 @@ def _field_ref(var: str) -> Manifest:
 def container_env(
     proc: Process, argv: list[Token], secret: str, notes: dict[str, None]
 ) -> list[Manifest]:
-    refs = {t.name for t in argv if isinstance(t, EnvRef)}
+    refs = _env_refs(argv)
     out = [_field_ref(var) for var in _FIELD_REFS if var in refs]
     for var, value in proc.env.items():
         if var in _HOST_BOUND_ENV:
@@ -189,7 +272,7 @@ def container_ports(proc: Process, ctx: Context, side_channels: bool) -> list[Ma
             seen[p.kind] += 1
         if not _PORT_NAME.fullmatch(name):
             raise ExportError(f"{proc.name}: {name!r} is not a valid container port name")
-        port = ctx.http_port if p.kind == "http" else p.port
+        port = ctx.http_port if p.kind == "http" and ctx.http_port is not None else p.port
         out.append({"name": name, "containerPort": port, "protocol": "TCP"})
     return out
 
@@ -230,8 +313,9 @@ def engine_container(
     if proc.health_url:
         container.update(probes(proc.health_url, startup=True))
     container["volumeMounts"] = [_SHM_MOUNT]
-    if proc.container is not None:
-        apply_container_spec(container, proc.container)
+    spec = pod_container_spec(proc, notes)
+    if spec is not None:
+        apply_container_spec(container, spec)
     return container
 
 

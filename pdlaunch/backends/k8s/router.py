@@ -1,6 +1,7 @@
 """The router objects of the Kubernetes export (.manifests): vllm-router finding
 prefill and decode pods by their labels (service discovery), with the ServiceAccount, Role
-and RoleBinding that lets it watch pods, its Service and its Deployment."""
+and RoleBinding that lets it watch pods, or a fixed-list proxy given the pods' stable names
+(.proxy); then its Service and its Deployment."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from pdlaunch.backends.k8s.pods import (
     substitute,
 )
 from pdlaunch.plan.build import Plan
-from pdlaunch.spec import facts
+from pdlaunch.spec import facts, proxies
 from pdlaunch.spec.addresses import is_unspecified
 
 # Flags the export sets on the router; the plan's own argv must not set them already.
@@ -42,22 +43,30 @@ _DISCOVERY_DESTS = frozenset(
 )
 
 
-def check_router(plan: Plan) -> None:
+def check_router(plan: Plan) -> proxies.ProxyFacts | None:
+    """None when the router is vllm-router, else the facts of the fixed-list proxy it runs;
+    ExportError for a router pdlaunch knows neither way."""
     args, positionals = facts.scan(plan.router.argv, facts.router(), start=1)
     dests = {a.dest for a in args}
     # The plan runs vllm-router exactly when its router argv is one vllm-router's parser takes
     # whole, in PD mode (plan._router_argv); a toy proxy's has its own flags and a script.
-    if positionals or None in dests or "vllm_pd_disaggregation" not in dests:
+    if not (positionals or None in dests or "vllm_pd_disaggregation" not in dests):
+        return None
+    proxy = proxies.facts_for(plan.router.argv)
+    if proxy is None:
+        launcher, _ = proxies.split_launcher(plan.router.argv)
         raise ExportError(
-            "the router is not vllm-router: only vllm-router finds prefill and decode pods by "
-            "their labels (the toy proxies take fixed host lists); set router.kind: "
-            "vllm-router in the topology"
+            f"the router runs {' '.join(launcher) or '(nothing)'}, a proxy whose arguments "
+            f"pdlaunch has no facts for (it knows vllm-router and {', '.join(proxies.known())}"
+            f"); set router.kind: vllm-router or run one of those scripts"
         )
+    return proxy
 
 
-def _router_argv(
+def discovery_argv(
     plan: Plan, ctx: Context, roles: list[RoleTemplate], notes: dict[str, None]
 ) -> list[Token]:
+    """vllm-router's argv: the plan's without the fixed URLs, with service discovery."""
     router = plan.router
     args, _ = facts.scan(router.argv, facts.router(), start=1)
     dests = {a.dest for a in args}
@@ -89,13 +98,20 @@ def _router_argv(
 
 
 def router_objects(
-    plan: Plan, ctx: Context, roles: list[RoleTemplate], image: str, notes: dict[str, None]
-) -> list[Manifest]:
+    plan: Plan,
+    ctx: Context,
+    argv: list[Token],
+    image: str,
+    notes: dict[str, None],
+    *,
+    discovers: bool,
+) -> tuple[list[Manifest], list[Manifest]]:
+    """(the objects before the engines: the RBAC vllm-router's discovery (``discovers``)
+    needs, none for a fixed-list proxy; those after: the router's Service and Deployment)."""
     router = plan.router
-    argv = _router_argv(plan, ctx, roles, notes)
     command, args = container_command(argv, router.path_prepend)
     container: Manifest = {
-        "name": "vllm-router",
+        "name": "vllm-router" if discovers else "proxy",
         "image": image,
         "command": command,
         "args": args,
@@ -118,25 +134,30 @@ def router_objects(
     meta = {"name": name, "labels": labels(ctx.name, "router")}
     match = {k: v for k, v in meta["labels"].items() if k != "app.kubernetes.io/managed-by"}
     rbac = "rbac.authorization.k8s.io"
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
-        {
-            "apiVersion": f"{rbac}/v1",
-            "kind": "Role",
-            "metadata": meta,
-            # Service discovery watches pods (src/service_discovery.rs: Api<Pod> watcher).
-            "rules": [
-                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
-            ],
-        },
-        {
-            "apiVersion": f"{rbac}/v1",
-            "kind": "RoleBinding",
-            "metadata": meta,
-            # No namespace: RBAC reads a ServiceAccount subject in the binding's namespace.
-            "subjects": [{"kind": "ServiceAccount", "name": name}],
-            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": name},
-        },
+    before: list[Manifest] = []
+    if discovers:
+        pod_spec = {"serviceAccountName": name, **pod_spec}
+        before = [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+            {
+                "apiVersion": f"{rbac}/v1",
+                "kind": "Role",
+                "metadata": meta,
+                # Service discovery watches pods (src/service_discovery.rs: Api<Pod> watcher).
+                "rules": [
+                    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+                ],
+            },
+            {
+                "apiVersion": f"{rbac}/v1",
+                "kind": "RoleBinding",
+                "metadata": meta,
+                # No namespace: RBAC reads a ServiceAccount subject in the binding's namespace.
+                "subjects": [{"kind": "ServiceAccount", "name": name}],
+                "roleRef": {"apiGroup": rbac, "kind": "Role", "name": name},
+            },
+        ]
+    after = [
         {
             "apiVersion": "v1",
             "kind": "Service",
@@ -156,10 +177,8 @@ def router_objects(
             "spec": {
                 "replicas": 1,
                 "selector": {"matchLabels": match},
-                "template": {
-                    "metadata": {"labels": dict(meta["labels"])},
-                    "spec": {"serviceAccountName": name, **pod_spec},
-                },
+                "template": {"metadata": {"labels": dict(meta["labels"])}, "spec": pod_spec},
             },
         },
     ]
+    return before, after
