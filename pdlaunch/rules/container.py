@@ -9,12 +9,13 @@ from collections.abc import Callable, Iterator
 
 from pdlaunch.plan.containers import DEFAULT_RUNTIME, settings
 from pdlaunch.rules.base import SEED_ASCEND, SEED_HETERO, Finding, error, rule, warning
-from pdlaunch.spec import run_flags
+from pdlaunch.spec import run_flags, slurm_args
 from pdlaunch.spec.devices import RDMA_DEVICES, profile
 from pdlaunch.spec.load import FieldPath
 from pdlaunch.spec.topology import Container, Instance, Topology
 
 SOURCE = "pdlaunch render (containers.py run_argv)"
+SRUN_SOURCE = "man srun (Slurm 22.05.8), pyxis args.c; pdlaunch/spec/slurm_args.py"
 RUN_FLAGS = "docker 28.2.2 / podman 4.3.1 `run --help` (pflag), pdlaunch/spec/run_flags.py"
 # Flags the rendered `run` sets itself: giving them again would break what `down` relies on
 # (--name, --cidfile, foreground) or contradict the planned host ports. Keyed by long name:
@@ -101,6 +102,33 @@ def _run_flags(c: Container) -> Iterator[tuple[str, str | None, str]]:
         yield f.flag, f.value, c.extra_args[f.index]
 
 
+def _srun_flags(where: FieldPath, c: Container) -> Iterator[Finding]:
+    """pyxis's extra_args go onto each step's srun line after pdlaunch's own options (the
+    last of a repeated one wins), before the node runner: read as srun reads them."""
+    found = slurm_args.refusal(c.extra_args, slurm_args.SRUN)
+    if found is not None:
+        word, why = found
+        yield error(
+            "container-flags",
+            where,
+            f"extra_args (srun, pyxis) {word!r} {why}",
+            f"remove {word} from container.extra_args",
+            SRUN_SOURCE,
+        )
+    stray = slurm_args.read(c.extra_args, slurm_args.SRUN)[1]
+    if stray:
+        word = c.extra_args[stray[0]]
+        yield error(
+            "container-flags",
+            where,
+            f"extra_args (srun, pyxis) word {word!r} is not an option nor an option's value: "
+            "srun stops reading options there and runs it as the step's command instead of "
+            "the process pdlaunch planned",
+            "write an option with its value in one word (--option=value), or remove the word",
+            SRUN_SOURCE,
+        )
+
+
 def _read_as(flag: str, word: str) -> str:
     """The word as written, and the flag the runtime reads in it when that is not plain."""
     return word if word.partition("=")[0] == flag else f"{word} (read by the runtime as {flag})"
@@ -116,6 +144,9 @@ def container_flags(topo: Topology) -> Iterator[Finding]:
         where = _where(field, own, "extra_args")
         needs = profile(inst.device).container if inst is not None else None
         runtime = c.runtime or DEFAULT_RUNTIME
+        if runtime == "pyxis":
+            yield from _srun_flags(where, c)
+            continue
         for flag, value, word in _run_flags(c):
             said = _read_as(flag, word)
             if flag in MANAGED:
@@ -145,8 +176,6 @@ def container_flags(topo: Topology) -> Iterator[Finding]:
                     f"remove {word} (pdlaunch renders --ipc=host for {inst.device})",
                     needs.source,
                 )
-        if runtime == "pyxis":
-            continue
         parsed = run_flags.parse(c.extra_args)
         for _, letter in parsed.unknown:
             yield error(

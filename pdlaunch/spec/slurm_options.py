@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pdlaunch.spec import sbatch_args
+from pdlaunch.spec import slurm_args
 
 # What may appear in an `#SBATCH` line: sbatch splits those lines itself (no shell), so a
 # space, quote or newline in a value would change the options, not only their value.
@@ -73,7 +73,7 @@ class SlurmOptions:
                     "(it goes into an #SBATCH line, which sbatch splits itself)"
                 )
         # Identity first: `-J x` is then refused for what it does, not for its spelling.
-        why = sbatch_args.refusal(self.extra_sbatch)
+        why = slurm_args.sbatch_refusal(self.extra_sbatch)
         if why:
             raise SlurmError(why)
         for opt in self.extra_sbatch:

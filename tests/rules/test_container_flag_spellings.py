@@ -181,3 +181,51 @@ def test_a_pyxis_mount_with_comma_separated_flags_is_refused():
 def test_the_same_mounts_pass_for_podman_which_takes_each_as_its_own_argument():
     assert _findings(mounts=["/d:/d:ro,z"]) == []
     assert _findings(runtime="pyxis", mounts=["/data:/data:ro"]) == []
+
+
+# -- pyxis extra_args: srun options of each step ------------------------------------------------
+# pyxis's extra_args go onto each step's srun line after pdlaunch's own (job.sh.j2);
+# srun keeps the last of a repeated option, and stops reading options at the first other word.
+SRUN_REFUSED = {
+    "--output": [["--output=/x"], ["-o/x"], ["-o", "/x"], ["--out=/x"]],
+    "--chdir": [["--chdir=/x"], ["-D/x"], ["-lD", "/x"]],
+    "--ntasks": [["--ntasks=2"], ["-n2"], ["-n", "2"]],
+    "--nodes": [["-N", "2"]],
+    "--nodelist": [["-w", "n2"], ["--nodelist=n2"]],
+    "--het-group": [["--het-group=1"], ["--het=1"]],
+    "--jobid": [["--jobid=5"]],
+    "--container-name": [["--container-name=x"], ["--container-n=x"]],
+    "--container-image": [["--container-image=other:1"]],
+    "--export": [["--export=NONE"], ["--export", "HOME"]],
+    "--multi-prog": [["--multi-prog"]],
+}
+SRUN_CASES = [(o, s) for o, spellings in SRUN_REFUSED.items() for s in spellings]
+
+
+@pytest.mark.parametrize("option, args", SRUN_CASES, ids=[" ".join(a) for _, a in SRUN_CASES])
+def test_a_pyxis_srun_option_pdlaunch_sets_is_refused(option: str, args: list[str]):
+    found = _findings(runtime="pyxis", mounts=["/models:/models"], extra_args=args)
+    assert [f.rule for f in found] == ["container-flags"], found
+    assert f"sets {option}" in found[0].message and "srun" in found[0].message
+
+
+@pytest.mark.parametrize("args", [["hostname"], ["--label", "extra"], ["--", "-o/x"]])
+def test_a_pyxis_word_srun_would_run_as_the_command_is_refused(args: list[str]):
+    found = _findings(runtime="pyxis", mounts=["/models:/models"], extra_args=args)
+    assert [f.rule for f in found] == ["container-flags"], found
+    assert "command" in found[0].message
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--container-remap-root"],
+        ["--no-container-mount-home", "--container-writable"],
+        ["--container-env=HF_HOME"],
+        ["-l", "--unbuffered", "--cpu-bind=none"],
+        ["--export=ALL,X=1"],
+        ["-d", "x"],  # srun's -d is --dependency with the value x: not docker's --detach
+    ],
+)
+def test_other_pyxis_srun_options_pass(args: list[str]):
+    assert _findings(runtime="pyxis", mounts=["/models:/models"], extra_args=args) == []

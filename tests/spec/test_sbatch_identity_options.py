@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdlaunch.spec import sbatch_args
+from pdlaunch.spec import slurm_args
 from pdlaunch.spec.load import LoadError, load_text
 from pdlaunch.spec.slurm_options import SlurmError, SlurmOptions
 
@@ -116,7 +116,7 @@ def test_the_probe_shows_what_each_refused_line_does():
     for case, (answered, seen) in _probe().items():
         job = seen.split("|", 1)
         changed = len(job) != 2 or job[1] != baseline or not job[0].isdigit()
-        refused = sbatch_args.refusal([case]) is not None
+        refused = slurm_args.sbatch_refusal([case]) is not None
         if case in ("-H", "--export=NONE"):
             assert refused, case  # same in squeue; held forever / no environment
         elif case == "--d=afterok:1":
@@ -126,28 +126,32 @@ def test_the_probe_shows_what_each_refused_line_does():
     assert _probe()["--job=nightly"][1].split("|")[1] == "nightly"
 
 
-def _man_table(lines: list[str]) -> tuple[set[str], dict[str, tuple[str, bool]]]:
-    longs: set[str] = set()
-    shorts: dict[str, tuple[str, bool]] = {}
+def _man_table(lines: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(long name -> its argument, letter -> long name) of a man page's OPTIONS headings."""
+    longs: dict[str, str] = {}
+    shorts: dict[str, str] = {}
     for line in lines:
         m = re.match(r"^\s+(?:-(\w),\s+)?--([a-z][a-z0-9-]*)(=|\[=)?", line)
         if not m:
             continue
-        longs.add(m.group(2))
+        longs[m.group(2)] = {"=": "required", "[=": "optional", None: "none"}[m.group(3)]
         if m.group(1):
-            shorts[m.group(1)] = (m.group(2), m.group(3) == "=")
+            shorts[m.group(1)] = m.group(2)
     return longs, shorts
 
 
-def test_the_option_table_is_sbatch_s_own():
-    longs, shorts = _man_table(
-        (FIXTURES / "sbatch-22.05.8-man-options.txt").read_text().splitlines()[1:]
-    )
-    assert longs == sbatch_args.LONG
-    assert shorts == sbatch_args.SHORT
+@pytest.mark.parametrize("table", [slurm_args.SBATCH, slurm_args.SRUN], ids=lambda t: t.tool)
+def test_the_option_tables_are_slurm_s_own(table: slurm_args.Table):
+    fixture = FIXTURES / f"{table.tool}-22.05.8-man-options.txt"
+    longs, shorts = _man_table(fixture.read_text().splitlines()[1:])
+    pyxis = {k: v for k, v in table.long.items() if k.startswith(("container-", "no-container"))}
+    assert {k: v for k, v in table.long.items() if k not in pyxis} == longs
+    assert table.short == shorts
+    assert set(table.refused) <= set(table.long)
 
 
-def test_the_fixture_is_the_installed_man_page():
+@pytest.mark.parametrize("tool", ["sbatch", "srun"])
+def test_the_fixture_is_the_installed_man_page(tool: str):
     if not all(shutil.which(c) for c in ("man", "sbatch", "dpkg-query")):
         pytest.skip("no sbatch man page here; the fixture names its version")
     version = subprocess.run(
@@ -155,7 +159,7 @@ def test_the_fixture_is_the_installed_man_page():
     ).stdout
     if not version.startswith("22.05.8"):
         pytest.skip(f"the installed sbatch is {version or 'not a Debian package'}, not 22.05.8")
-    res = subprocess.run(["man", "-P", "cat", "sbatch"], capture_output=True, text=True)
+    res = subprocess.run(["man", "-P", "cat", tool], capture_output=True, text=True)
     live = [ln for ln in res.stdout.splitlines() if re.match(r"^       -[-A-Za-z]", ln)]
-    fixture = (FIXTURES / "sbatch-22.05.8-man-options.txt").read_text().splitlines()[1:]
+    fixture = (FIXTURES / f"{tool}-22.05.8-man-options.txt").read_text().splitlines()[1:]
     assert [ln.rstrip() for ln in live] == fixture
