@@ -110,7 +110,6 @@ _SRUN_SHORT = _letters(
 )
 
 _LOG = "the driver's log is <work dir>/logs/slurm-<job id>.log, which up, logs and doctor read"
-_START = "up waits for the job to start only until its --timeout, then cancels it"
 EXPORT = (
     "the processes need the submitting environment (vllm on PATH, the variables pdlaunch "
     "passes); --export other than ALL[,NAME=value...] drops it"
@@ -118,7 +117,10 @@ EXPORT = (
 # Each sbatch refusal was tried in an #SBATCH line after pdlaunch's own on Slurm 22.05.8
 # (scripts/probe_sbatch_lines.py, its output in tests/fixtures/slurm/sbatch-lines-22.05.8.txt).
 # --quiet, --help, --version and --wrap are not here: in an #SBATCH line sbatch ignores them
-# (the job is submitted, its id printed).
+# (the job is submitted, its id printed). Nor are --begin, --dependency and --hold: they delay
+# the job, whose name, owner, work dir and id stay pdlaunch's; `up` waits for a pending job
+# until its --timeout and cancels it then (tests/system/slurm/test_slurm_pending_adopt.py
+# holds a job back with --begin on purpose).
 SBATCH = Table(
     "sbatch",
     _SBATCH_LONG,
@@ -136,9 +138,6 @@ SBATCH = Table(
         "clusters": "the job would go to another cluster, where pdlaunch's squeue and scancel "
         "do not look",
         "uid": "the job would belong to another user, and pdlaunch cancels only its own jobs",
-        "dependency": "the job would wait for other jobs; " + _START,
-        "hold": "a held job waits to be released by hand; " + _START,
-        "begin": "the job would wait for a time; " + _START,
         "wait": "sbatch would not return until the job ends, and pdlaunch learns the job id "
         "when it returns",
         "test-only": "sbatch would only estimate the start, submitting nothing",
