@@ -25,7 +25,7 @@ MANAGED = {
     "--cidfile": "down removes exactly the container whose id --cidfile wrote",
     "--rm": "rendered already",
     "--detach": "the engine runs in the script's foreground (pid, log and health tracking)",
-    "--publish": "every planned port is a host port (--net=host), publishing means another net",
+    "--publish": "planned ports are host ports (--net=host); publishing means another network",
     "--publish-all": "every planned port is a host port (--net=host)",
     "--pull": "up checks the image on each node first; run never pulls (--pull=never)",
     "--entrypoint": "the plan's argv is the command; an entrypoint would run instead",

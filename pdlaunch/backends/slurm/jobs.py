@@ -141,7 +141,7 @@ class NotAsSubmitted(SlurmRunError):
     """The job sbatch accepted is not named, owned or placed as pdlaunch submitted it (an
     #SBATCH option or the site's job_submit plugin changed it): `down` could not tell it from
     another job. ``scancel``: the command that cancels it (by id: squeue shows it runs our
-    driver), or () when it is not our driver's job."""
+    driver), or [] when it is not our driver's job."""
 
     def __init__(self, message: str, scancel: list[str]):
         super().__init__(message)
