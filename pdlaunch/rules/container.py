@@ -7,24 +7,26 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 
-from pdlaunch.plan.containers import settings
+from pdlaunch.plan.containers import DEFAULT_RUNTIME, settings
 from pdlaunch.rules.base import SEED_ASCEND, SEED_HETERO, Finding, error, rule, warning
+from pdlaunch.spec import run_flags, slurm_args
 from pdlaunch.spec.devices import RDMA_DEVICES, profile
 from pdlaunch.spec.load import FieldPath
 from pdlaunch.spec.topology import Container, Instance, Topology
 
 SOURCE = "pdlaunch render (containers.py run_argv)"
+SRUN_SOURCE = "man srun (Slurm 22.05.8), pyxis args.c; pdlaunch/spec/slurm_args.py"
+RUN_FLAGS = "docker 28.2.2 / podman 4.3.1 `run --help` (pflag), pdlaunch/spec/run_flags.py"
 # Flags the rendered `run` sets itself: giving them again would break what `down` relies on
-# (--name, --cidfile, foreground) or contradict the planned host ports.
+# (--name, --cidfile, foreground) or contradict the planned host ports. Keyed by long name:
+# every spelling (-d, -dit, -d=true, --detach=true) is read as its flag first (run_flags).
 MANAGED = {
     "--name": "the container is named pdl-<deployment>-<process> so status/down find it",
     "--cidfile": "down removes exactly the container whose id --cidfile wrote",
     "--rm": "rendered already",
-    "-d": "the engine runs in the script's foreground (pid, log and health tracking)",
     "--detach": "the engine runs in the script's foreground (pid, log and health tracking)",
-    "-p": "every planned port is a host port (--net=host); publishing means another network",
-    "--publish": "every planned port is a host port (--net=host)",
-    "-P": "every planned port is a host port (--net=host)",
+    "--publish": "planned ports are host ports (--net=host); publishing means another network",
+    "--publish-all": "every planned port is a host port (--net=host)",
     "--pull": "up checks the image on each node first; run never pulls (--pull=never)",
     "--entrypoint": "the plan's argv is the command; an entrypoint would run instead",
 }
@@ -87,6 +89,51 @@ def container_image(topo: Topology) -> Iterator[Finding]:
             )
 
 
+def _run_flags(c: Container) -> Iterator[tuple[str, str | None, str]]:
+    """(flag's long name, value, the word it is written in) of each flag in
+    ``extra_args``: as `docker/podman run` parse them (run_flags) for those runtimes; pyxis's
+    are srun flags, named as written."""
+    if c.runtime == "pyxis":
+        args = c.extra_args
+        for i, arg in enumerate(args):
+            yield _flag(arg), _value(args, i), arg
+        return
+    for f in run_flags.parse(c.extra_args).flags:
+        yield f.flag, f.value, c.extra_args[f.index]
+
+
+def _srun_flags(where: FieldPath, c: Container) -> Iterator[Finding]:
+    """pyxis's extra_args go onto each step's srun line after pdlaunch's own options (the
+    last of a repeated one wins), before the node runner: read as srun reads them."""
+    found = slurm_args.refusal(c.extra_args, slurm_args.SRUN)
+    if found is not None:
+        word, why = found
+        yield error(
+            "container-flags",
+            where,
+            f"extra_args (srun, pyxis) {word!r} {why}",
+            f"remove {word} from container.extra_args",
+            SRUN_SOURCE,
+        )
+    stray = slurm_args.read(c.extra_args, slurm_args.SRUN)[1]
+    if stray:
+        word = c.extra_args[stray[0]]
+        yield error(
+            "container-flags",
+            where,
+            f"extra_args (srun, pyxis) word {word!r} is not an option nor an option's value: "
+            "srun stops reading options there and runs it as the step's command instead of "
+            "the process pdlaunch planned",
+            "write an option with its value in one word (--option=value), or remove the word",
+            SRUN_SOURCE,
+        )
+
+
+def _read_as(flag: str, word: str) -> str:
+    """The word as written, and the flag the runtime reads in it when that is not plain."""
+    return word if word.partition("=")[0] == flag else f"{word} (read by the runtime as {flag})"
+
+
 @rule("container-flags", "container extra_args leave pdlaunch's own run flags alone", SOURCE)
 @_once
 def container_flags(topo: Topology) -> Iterator[Finding]:
@@ -94,42 +141,104 @@ def container_flags(topo: Topology) -> Iterator[Finding]:
         c = settings(topo, own)
         if c is None:
             continue
-        args = c.extra_args
+        where = _where(field, own, "extra_args")
         needs = profile(inst.device).container if inst is not None else None
-        for i, arg in enumerate(args):
-            flag = _flag(arg)
+        runtime = c.runtime or DEFAULT_RUNTIME
+        if runtime == "pyxis":
+            yield from _srun_flags(where, c)
+            continue
+        for flag, value, word in _run_flags(c):
+            said = _read_as(flag, word)
             if flag in MANAGED:
                 yield error(
                     "container-flags",
-                    _where(field, own, "extra_args"),
-                    f"extra_args gives {flag}: {MANAGED[flag]}",
-                    f"remove {arg} from container.extra_args",
+                    where,
+                    f"extra_args gives {said}: {MANAGED[flag]}",
+                    f"remove {word} from container.extra_args",
                     SOURCE,
                 )
-            elif flag in NETWORK and _value(args, i) != "host":
+            elif flag in NETWORK and value != "host":
                 yield error(
                     "container-flags",
-                    _where(field, own, "extra_args"),
-                    f"{arg} takes the container off the host network, but every port the plan "
-                    "gives it (HTTP, KV side channel, DP RPC) is dialled on the host's address",
-                    f"remove {arg}: pdlaunch renders --net=host",
+                    where,
+                    f"{said} takes the container off the host network, but every port the "
+                    "plan gives it (HTTP, KV side channel, DP RPC) is dialled on the host's "
+                    "address",
+                    f"remove {word}: pdlaunch renders --net=host",
                     f"{SOURCE}; {SEED_HETERO} (containers run with --net=host)",
                 )
-            elif (
-                flag == "--ipc" and _value(args, i) != "host" and inst and needs and needs.ipc_host
-            ):
+            elif flag == "--ipc" and value != "host" and inst and needs and needs.ipc_host:
                 yield error(
                     "container-flags",
-                    _where(field, own, "extra_args"),
-                    f"{arg}: a {inst.device} engine needs the host's IPC namespace "
+                    where,
+                    f"{said}: a {inst.device} engine needs the host's IPC namespace "
                     "(shared memory of the KV transport)",
-                    f"remove {arg} (pdlaunch renders --ipc=host for {inst.device})",
+                    f"remove {word} (pdlaunch renders --ipc=host for {inst.device})",
                     needs.source,
                 )
+        parsed = run_flags.parse(c.extra_args)
+        for _, letter in parsed.unknown:
+            yield error(
+                "container-flags",
+                where,
+                f"extra_args gives {letter}, which `{runtime} run` has no flag for (its "
+                f"one-letter flags: {', '.join('-' + k for k in run_flags.SHORT)})",
+                "spell the flag out (--name=value)",
+                RUN_FLAGS,
+            )
+        if parsed.stray:
+            _, word = parsed.stray[0]
+            yield error(
+                "container-flags",
+                where,
+                f"extra_args word {word!r} is not a flag nor a flag's value: `{runtime} run` "
+                f"stops reading flags there and takes it as the image (the image {c.image} and "
+                "the engine's command would become its arguments)",
+                "write a flag with its value in one word (--flag=value), or remove the word",
+                RUN_FLAGS,
+            )
+
+
+PYXIS = (
+    "github.com/NVIDIA/pyxis args.c: --container-mounts=SRC:DST[:FLAGS][,SRC:DST...], "
+    'mount flags "separated with +"'
+)
+
+
+@rule("container-pyxis-mounts", "a pyxis mount holds no comma", PYXIS)
+@_once
+def container_pyxis_mounts(topo: Topology) -> Iterator[Finding]:
+    """pyxis takes every mount in one --container-mounts value and splits it at commas
+    (containers.pyxis_flags joins them so): ``/data,/etc:/data`` would mount /data and /etc.
+    Its mount flags are joined by ``+`` (``ro+rprivate``), so a comma there splits too."""
+    for field, own, _ in _users(topo):
+        c = settings(topo, own)
+        if c is None or c.runtime != "pyxis":
+            continue
+        for m in c.mounts or []:
+            if "," not in m:
+                continue
+            src, _, rest = m.partition(":")
+            dst = rest.partition(":")[0]
+            if "," in src or "," in dst:
+                parts = m.split(",")
+                why = f"pyxis splits it into {len(parts)} mounts ({', '.join(parts)})"
+                fix = "mount a path without a comma (a parent directory, or a link to it)"
+            else:
+                why = "pyxis separates mount flags with +, so each word after a comma is read as "
+                why += "another mount"
+                fix = "keep one flag (e.g. :ro) on a pyxis mount"
+            yield error(
+                "container-pyxis-mounts",
+                _where(field, own, "mounts"),
+                f"mount {m!r} holds a comma: {why}",
+                fix,
+                PYXIS,
+            )
 
 
 def _gives(c: Container, *flags: str) -> bool:
-    return any(_flag(a) in flags for a in c.extra_args)
+    return any(flag in flags for flag, _, _ in _run_flags(c))
 
 
 @rule(

@@ -11,6 +11,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from pdlaunch.spec import slurm_args
+
 # What may appear in an `#SBATCH` line: sbatch splits those lines itself (no shell), so a
 # space, quote or newline in a value would change the options, not only their value.
 SBATCH_VALUE = re.compile(r"[A-Za-z0-9_.,:=@%+/\[\]-]+")
@@ -70,6 +72,10 @@ class SlurmOptions:
                     f"slurm {what} {value!r}: use letters, digits and _.,:=@%+/[]- only "
                     "(it goes into an #SBATCH line, which sbatch splits itself)"
                 )
+        # Identity first: `-J x` is then refused for what it does, not for its spelling.
+        why = slurm_args.sbatch_refusal(self.extra_sbatch)
+        if why:
+            raise SlurmError(why)
         for opt in self.extra_sbatch:
             if not opt.startswith("--") or not SBATCH_VALUE.fullmatch(opt):
                 raise SlurmError(

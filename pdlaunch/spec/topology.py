@@ -22,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from pdlaunch.spec import facts
+
 # Address predicates live in pdlaunch.spec.addresses (one definition for rules, plan and hosts);
 # is_loopback stays importable from here for nodeenv.py.
 from pdlaunch.spec.addresses import address_key, canonical_host, is_ip_literal
@@ -72,6 +74,20 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 class Strict(BaseModel):
     # Unknown keys are errors: a typo such as `blocksize:` must not pass silently.
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_release(v: str | None) -> str | None:
+    # The facts are found by series: only a release's shape may name one (issue 32: a
+    # `router-0.1.17` read the router's facts, 5,000 digits broke int()). A release of this
+    # shape without facts is the vllm-version rule's finding, which cites the generator.
+    if v is not None and not facts.is_release(v):
+        shown = repr(v) if len(v) <= 40 else repr(v[:40]) + f"... ({len(v)} characters)"
+        raise ValueError(
+            f"{shown} is not a vLLM release (X.Y, X.Y.Z, optionally rcN, .postN, .devN, "
+            f"+local, e.g. 0.32, 0.10.2, 0.10.2rc2.dev1+gf21f5ea); pdlaunch has facts for "
+            f"{', '.join(facts.supported_vllm())}"
+        )
+    return v
 
 
 def _check_env(env: dict[str, str]) -> dict[str, str]:
@@ -227,6 +243,8 @@ class Model(Strict):
         "against pdlaunch's facts for it",
     )
 
+    _vllm_version = field_validator("vllm_version")(_check_release)
+
 
 class Defaults(Strict):
     ssh: Ssh = Field(default_factory=Ssh)
@@ -321,6 +339,7 @@ class Instance(Strict):
     )
 
     _env = field_validator("env")(_check_env)
+    _vllm_version = field_validator("vllm_version")(_check_release)
 
     @field_validator("plugin")
     @classmethod

@@ -5,10 +5,10 @@ sbatch refusing a job, a job stuck PENDING, a record naming another user's job.
 
 The commands are small Python scripts in a directory put first on PATH. Their shared state is
 one JSON file: the jobs the "controller" holds (``{id: {name, user, workdir, state,
-nodes}}``), what sbatch answers, and the calls so far. Output formats follow Slurm 22.05's for
-the fields pdlaunch asks for (``squeue -o`` with ``%i %T %N %r %j %u %Z``, ``sacct -P``,
-``scontrol show hostnames``, ``scontrol show node -o``); an unknown job id makes squeue fail
-as the real one does ("Invalid job id specified", exit 1). scancel applies
+nodes, command}}``), what sbatch answers, and the calls so far. Output formats follow Slurm
+22.05's for the fields pdlaunch asks for (``squeue -o`` with ``%i %T %N %r %j %u %Z %o``,
+``sacct -P``, ``scontrol show hostnames``, ``scontrol show node -o``); an unknown job id makes
+squeue fail as the real one does ("Invalid job id specified", exit 1). scancel applies
 ``--name``/``--user`` to the job id given, as the real one does (the repository's
 tests/backends/test_slurm_faults.py checks that on a real cluster). sacct knows nothing (no
 accounting): a job squeue forgot is gone.
@@ -74,9 +74,14 @@ jid = str(sb.get("job_id", "4242"))
 job = {"name": "", "user": s["user"], "workdir": "", "state": sb.get("state", "RUNNING"),
        "nodes": sb.get("nodes", "n1")}
 script = [a for a in args if not a.startswith("-")][-1]
+job["command"] = os.path.abspath(script)
+# The first component's #SBATCH lines, the last of a repeated option winning, as the real
+# sbatch reads them (tests/fixtures/slurm/sbatch-lines-22.05.8.txt).
 for line in open(script):
+    if line.startswith("#SBATCH hetjob") or not (line.startswith("#") or not line.strip()):
+        break
     m = re.match(r"#SBATCH --(job-name|chdir)=(\S+)", line)
-    if m and not job["name" if m.group(1) == "job-name" else "workdir"]:
+    if m:
         job["name" if m.group(1) == "job-name" else "workdir"] = m.group(2)
 s["jobs"][jid] = job
 save(s)
@@ -89,7 +94,7 @@ if job is None:
     sys.stderr.write("slurm_load_jobs error: Invalid job id specified\n")
     sys.exit(1)
 fields = {"i": jid, "T": job["state"], "N": job["nodes"], "r": "None", "j": job["name"],
-          "u": job["user"], "Z": job["workdir"]}
+          "u": job["user"], "Z": job["workdir"], "o": job.get("command", "")}
 print(re.sub(r"%(\w)", lambda m: fields[m.group(1)], fmt))
 ''',
     "sacct": r'''

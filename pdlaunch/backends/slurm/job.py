@@ -353,6 +353,12 @@ def _pyxis(p: Process) -> tuple[str, ...]:
     c = p.container
     if c is None or c.runtime != "pyxis":
         return ()
+    if "," in p.work_dir:
+        # pyxis splits --container-mounts at commas (rule container-pyxis-mounts says why).
+        raise SlurmError(
+            f"{p.name}: the work dir {p.work_dir!r} holds a comma, which pyxis would read as "
+            "two mounts (--container-mounts); use a work dir without one"
+        )
     work = f"{p.work_dir}:{p.work_dir}"
     spec = c.model_copy(update={"mounts": list(dict.fromkeys([work, *c.mounts]))})
     return (*pyxis_flags(spec), f"--container-workdir={p.work_dir}")

@@ -80,6 +80,7 @@ __all__ = [
     "write_job",
 ]
 
+
 # -- submit ---------------------------------------------------------------------------------------
 def _refuse_if_running(deployment: str) -> None:
     try:
@@ -114,17 +115,81 @@ def sbatch(plan: Plan, driver: Path, scripts_hash: str = "") -> str:
             raise SlurmRunError(f"sbatch answered {out!r}, not a job id")
         rec = record_of(plan, job_id)
         rec.scripts_hash = scripts_hash
+        _check_as_submitted(rec, driver)
         save_slurm(rec)
-    except BaseException:
+    except BaseException as exc:
         with signals_ignored():
             remove_secrets(plan)
             if is_job_id(job_id):
                 # Accepted but not recorded: nothing could find it later. Only our job of
-                # this name is cancelled (the filters make scancel skip any other).
-                with contextlib.suppress(SlurmRunError):
-                    run_slurm(_scancel_argv(plan.deployment, job_id))
+                # this name is cancelled (the filters make scancel skip any other), or the
+                # job squeue shows running our driver (NotAsSubmitted).
+                argv = (
+                    exc.scancel
+                    if isinstance(exc, NotAsSubmitted)
+                    else _scancel_argv(plan.deployment, job_id)
+                )
+                if argv:
+                    with contextlib.suppress(SlurmRunError):
+                        run_slurm(argv)
+                        _wait_gone(job_id, 60.0)
         raise
     return job_id
+
+
+class NotAsSubmitted(SlurmRunError):
+    """The job sbatch accepted is not named, owned or placed as pdlaunch submitted it (an
+    #SBATCH option or the site's job_submit plugin changed it): `down` could not tell it from
+    another job. ``scancel``: the command that cancels it (by id: squeue shows it runs our
+    driver), or [] when it is not our driver's job."""
+
+    def __init__(self, message: str, scancel: list[str]):
+        super().__init__(message)
+        self.scancel = scancel
+
+
+def _first_component(job_id: str) -> list[str] | None:
+    """[name, user, work dir, command] squeue shows for the job's first component; None when
+    squeue does not answer (the check is then left to `down`'s, as before)."""
+    res = run_slurm(["squeue", "-h", "-j", job_id, "-o", "%i|%j|%u|%Z|%o"])
+    if res.returncode != 0:
+        return None
+    for line in res.stdout.splitlines():
+        parts = line.strip().split("|", 4)
+        if len(parts) == 5 and parts[0] in (job_id, f"{job_id}+0"):
+            return parts[1:]
+    return None
+
+
+def _check_as_submitted(rec: SlurmRecord, driver: Path) -> None:
+    """The job is what `down` will look for (name, owner, work dir), checked before it is
+    recorded: a job that is not would be refused by every later cancel."""
+    seen = _first_component(rec.job_id)
+    if seen is None:
+        return
+    name, user, work, command = seen
+    want = (rec.job_name, current_user(), rec.job_dir.rstrip("/"))
+    if (name, user, work.rstrip("/")) == want:
+        return
+    ours = command in (str(driver), str(driver.resolve()))
+    message = (
+        f"Slurm job {rec.job_id} was submitted as {name!r} of user {user} in {work}, not "
+        f"{want[0]!r} of {want[1]} in {want[2]}: an #SBATCH option or the site's job_submit "
+        "plugin changed it, and pdlaunch could not find or cancel it later"
+    )
+    if ours:
+        message += "; it is cancelled by its id (squeue shows it running the driver just submitted)"
+        scancel = ["scancel", rec.job_id]
+    else:
+        message += f"; squeue shows it running {command!r}, not {driver}: it was not cancelled"
+        scancel = []
+    raise NotAsSubmitted(message, scancel)
+
+
+def _wait_gone(job_id: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while job_info(job_id).active and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 def sbatch_test_only(plan: Plan, opts: slurm.SlurmOptions, directory: Path) -> str:

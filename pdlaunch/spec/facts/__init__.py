@@ -25,7 +25,14 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_VLLM = "0.32"
-_VERSION = re.compile(r"(\d+)\.(\d+)(?:[.\w+-]*)")
+# A vLLM release as the README documents it (0.32, 0.10.2, 0.10.2rc2.dev1+gf21f5ea): the
+# PEP 440 subset vLLM's own versions use (release, pre, post, dev, local), each number
+# bounded, so a version is never a file name (``router-0.1.17``) nor an int() of 5,000 digits.
+RELEASE = re.compile(
+    r"(\d{1,4})\.(\d{1,4})(?:\.\d{1,4})?(?:(?:a|b|rc)\d{1,4})?(?:\.post\d{1,4})?"
+    r"(?:\.dev\d{1,9})?(?:\+[A-Za-z0-9]{1,32}(?:\.[A-Za-z0-9]{1,32}){0,3})?"
+)
+RELEASE_MAX = 64
 ROUTER = "vllm-router-0.1.17"
 
 
@@ -200,15 +207,25 @@ def supported_vllm() -> list[str]:
     )
 
 
+def is_release(version: str) -> bool:
+    """Whether ``version`` has the shape of a vLLM release (`RELEASE`, at most `RELEASE_MAX`
+    characters)."""
+    return len(version) <= RELEASE_MAX and RELEASE.fullmatch(version) is not None
+
+
 def series_of(version: str) -> str:
-    """The series ("0.10") of 0.10, 0.10.2, 0.10.2rc2 or 0.10.2rc2.dev1+gf21f5ea (source build)."""
-    m = _VERSION.fullmatch(version.strip())
+    """The series ("0.10") of 0.10, 0.10.2, 0.10.2rc2 or 0.10.2rc2.dev1+gf21f5ea (source build);
+    a string of another shape is returned as it is."""
+    m = RELEASE.fullmatch(version.strip()) if len(version) <= RELEASE_MAX else None
     return f"{int(m.group(1))}.{int(m.group(2))}" if m else version
 
 
 @lru_cache(maxsize=32)
 def vllm(version: str = DEFAULT_VLLM) -> Facts:
-    """The facts of the series `version` belongs to; KeyError if pdlaunch has none."""
+    """The facts of the series `version` belongs to; KeyError if pdlaunch has none (or
+    ``version`` is not shaped as a release: only a series names a facts file)."""
+    if not is_release(version):
+        raise KeyError(version)
     path = HERE / f"vllm-{series_of(version)}.json"
     if not path.is_file():
         raise KeyError(version)
