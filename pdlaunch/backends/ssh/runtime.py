@@ -23,7 +23,7 @@ from pdlaunch.runtime.state import DeploymentState, ProcessState, StateError
 
 from .launch import SshLaunch
 from .records import proc_host, survey, unknown_message, unrecorded_state
-from .stopping import stop_processes
+from .stopping import stop_processes, sweep_containers
 
 
 def _observe_container(pool: HostPool, ps: ProcessState, o: Observed, client_alive: bool) -> None:
@@ -180,6 +180,7 @@ class _SshHeld(Held):
         self.handle = {}
         self.found = survey(state, pool)
         self.names = [p.name for p in state.started()] + [s.name for s in self.found.strangers]
+        self.containers: list[str] = []  # ids of the containers `stop_all` removed
 
     def stop_all(self, reporter: Reporter, grace: float) -> list[str]:
         try:
@@ -189,9 +190,16 @@ class _SshHeld(Held):
                 self.state.status = "stopping"
                 save_state(self.state)  # pids found by pid files are on record before a signal
             errors = []
-            if self.names:
+            in_containers = any(p.container is not None for p in self.state.processes)
+            # A container outlives its `run` client (killed, or a host rebooted into it): with
+            # no pid left alive, its processes must still be removed, by the record and by
+            # the runtime's labels, before the record is forgotten.
+            if self.names or in_containers:
                 errors = stop_processes(self.state, self.pool, reporter, grace=grace,
-                                        extra=self.found.strangers)  # fmt: skip
+                                        extra=self.found.strangers,
+                                        removed=self.containers)  # fmt: skip
+            if not errors and in_containers and self.found.complete:
+                errors = sweep_containers(self.state, self.pool, grace, self.containers)
             if not errors and not self.found.complete:
                 errors = [unknown_message(self.found, self.deployment)]
             return errors
@@ -214,13 +222,17 @@ class _SshHeld(Held):
 
     def message(self, note: str) -> str:
         dep, n = self.deployment, len(self.names)
+        if self.containers:
+            note = f"; {len(self.containers)} container(s) removed{note}"
         if self.recorded:
             return f"{dep} is down ({n} process(es) stopped){note}"
-        if not self.names:
+        if not self.names and not self.containers:
             return (
                 f"{dep}: nothing recorded, and no process of it runs on its hosts "
                 f"(pid files checked); nothing to stop{note}"
             )
+        if not self.names:
+            return f"{dep} is down (nothing recorded; no process found by its pid files{note})"
         return (
             f"{dep} is down ({n} process(es) found by their pid files and stopped; nothing "
             f"usable was recorded on this control host){note}"
