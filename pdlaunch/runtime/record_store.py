@@ -130,8 +130,8 @@ def read_file(path: Path, deployment: str | None = None) -> Record:
     try:
         data = _load_json(text)
     except ValueError as exc:
-        raise _damaged(f"{_what(legacy)} {path} is damaged: {exc}", deployment, legacy,
-                       path) from None  # fmt: skip
+        raise _damaged(f"cannot read {_what(legacy)} {path}: it is damaged: {exc}", deployment,
+                       legacy, path) from None  # fmt: skip
     fmt = data.get("format") if isinstance(data, dict) else None
     backend = _guess_backend(data, path)
     if isinstance(fmt, int) and not isinstance(fmt, bool) and fmt > FORMAT:
