@@ -7,8 +7,9 @@ labels for that deployment and process: a container of the same name that someon
 started carries neither, and is never touched. `down` also sweeps each host for the
 deployment's containers by those labels alone (:func:`sweep`): one whose record or cid file
 was lost is still found. One command per call, sh only: the scripts ``sh/containers.sh``
-(shared functions), ``sh/container-remove.sh``, ``sh/container-sweep.sh`` and
-``sh/container-state.sh``, with the values set as quoted variables before them.
+(shared functions), ``sh/container-remove.sh``, ``sh/container-sweep.sh``,
+``sh/container-list.sh`` and ``sh/container-state.sh``, with the values set as quoted
+variables before them.
 
 The runtime is executed on the host, so it must be one pdlaunch knows (``ENGINE_RUNTIMES``):
 a record naming any other program is refused before anything runs.
@@ -117,6 +118,27 @@ def sweep(
             f"{host.name}: cannot remove the containers of {deployment}: {why}", host=host.name
         )
     return out.split()[1:]
+
+
+def of_deployment(
+    host: Host, runtime: str, deployment: str, timeout: float = 60.0
+) -> list[tuple[str, str, str]]:
+    """Every container of ``deployment`` that ``runtime`` holds on ``host``, found as
+    :func:`sweep` finds them: (id, process, status). HostError when the runtime cannot say."""
+    _known_runtime(host, runtime)
+    ref = ContainerRef(runtime, "", "/dev/null", deployment, "")
+    res = host.run(_prelude(ref) + script("container-list.sh"), timeout=timeout)
+    lines = res.stdout.splitlines()
+    if res.rc != 0 or not lines or lines[-1] != "end":
+        why = (res.stderr.strip() or f"rc={res.rc}")[:500]
+        raise HostError(f"{host.name}: cannot ask {runtime} about {deployment}: {why}",
+                        host=host.name)  # fmt: skip
+    out = []
+    for line in lines[:-1]:
+        parts = line.split()
+        if len(parts) == 3:
+            out.append((parts[0], parts[1], parts[2]))
+    return out
 
 
 def missing_images(host: Host, wanted: list[tuple[str, str]], timeout: float = 60.0) -> list[str]:

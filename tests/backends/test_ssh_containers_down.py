@@ -166,8 +166,9 @@ def test_down_removes_containers_whose_clients_are_all_gone(make_deployment, nam
 
 def test_down_finds_the_deployments_containers_by_their_labels(make_deployment, names) -> None:
     """Containers of the deployment the record does not name (a process since removed from
-    the topology, a record rewritten without it) are found by pdlaunch's labels; a container
-    with the label but not pdlaunch's name for it, and another deployment's, are left."""
+    the topology, a record rewritten without it) are found by pdlaunch's labels, shown by
+    `status` and removed by `down`; a container with the label but not pdlaunch's name for
+    it, one with the name but no label, and another deployment's, are left."""
     dep, state = in_containers(make_deployment, names, "labels")
     kill9(start_engines(state))
     other = f"other-{uuid.uuid4().hex[:6]}"
@@ -178,6 +179,13 @@ def test_down_finds_the_deployments_containers_by_their_labels(make_deployment, 
         detached(other, f"pdl-{other}-decode-0", "decode-0"),  # another deployment's
         detached(dep.name, f"pdl-{dep.name}-x-{uuid.uuid4().hex[:4]}", "decode-0", label=False),
     }
+    rows = status_rows(dep.name)  # status shows what down will remove, and only that
+    extra = {n: r for n, r in rows.items() if n not in ("prefill-0", "decode-0", "router")}
+    assert list(extra) == [f"decode-1 (container {gone[:12]})"], rows
+    row = extra[f"decode-1 (container {gone[:12]})"]
+    assert row["container"] == "running" and row["alive"] is True
+    assert "its record does not name" in row["health"]
+
     res = cli("down", dep.name)
     assert res.exit_code == 0, res.output
     assert "3 container(s) removed" in res.output, res.output

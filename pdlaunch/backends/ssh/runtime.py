@@ -42,6 +42,35 @@ def _observe_container(pool: HostPool, ps: ProcessState, o: Observed, client_ali
                 o.health += f"; {health.probe(ps.health_url, timeout=5.0).describe()}"
 
 
+def _unrecorded_containers(pool: HostPool, state: DeploymentState) -> list[Observed]:
+    """Containers of the deployment that its record does not name (a process since removed
+    from the topology, a record rewritten without it), found by pdlaunch's labels on each
+    container host: shown, so that `status` never hides what `down` will remove."""
+    recorded: dict[tuple[str, str], set[str]] = {}
+    first: dict[tuple[str, str], ProcessState] = {}
+    for ps in state.processes:
+        if ps.container is not None:
+            key = (ps.host, ps.container["runtime"])
+            recorded.setdefault(key, set()).add(ps.name)
+            first.setdefault(key, ps)
+    rows = []
+    for key, ps in first.items():
+        try:
+            found = containers.of_deployment(proc_host(pool, ps), key[1], state.deployment)
+        except HostError:
+            continue  # the recorded processes' rows already say the runtime cannot answer
+        for cid, proc, status in found:
+            if proc in recorded[key]:
+                continue
+            rows.append(Observed(
+                f"{proc} (container {cid[:12]})", "container", ps.host,
+                alive=status == "running", container=status,
+                health="a container of this deployment its record does not name; "
+                       "`pdlaunch down` removes it",
+            ))  # fmt: skip
+    return rows
+
+
 def _load(deployment: str) -> DeploymentState | None:
     try:
         return load_state(deployment)
@@ -124,6 +153,7 @@ class SshRuntime(Runtime):
                 if o.alive and ps.started_at:
                     o.uptime_s = round(now - ps.started_at, 1)
                 rows.append(o)
+            rows += _unrecorded_containers(pool, state)
         return Observation(deployment, self.name, state.status, rows,
                            title=f"{deployment} ({state.status}) {state.endpoint}")  # fmt: skip
 
