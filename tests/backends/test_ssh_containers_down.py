@@ -68,21 +68,32 @@ def names(ready: None) -> Iterator[list[str]]:
 
 
 def in_containers(
-    make_deployment, names: list[str], stem: str
+    make_deployment, names: list[str], stem: str, *, ssh: tuple[Any, Any, Path] | None = None
 ) -> tuple[Deployment, DeploymentState]:
     """The 1P1D stand-in topology with its engines in podman containers (the router on the
-    host), planned; nothing started yet."""
+    host), planned; nothing started yet. ``ssh``: (sshd cluster, host, tmp dir): the host is
+    a real sshd on this machine, reached over SSH."""
     from pdlaunch.spec.load import load
 
     name = f"{stem}-{uuid.uuid4().hex[:6]}"
     names.append(name)
-    dep = make_deployment(name)
+    if ssh is None:
+        dep = make_deployment(name)
+        known = None
+    else:
+        cluster, h, tmp = ssh
+        known = str(cluster.write_known_hosts(tmp / "known_hosts", hosts=[h]))
+        dep = make_deployment(name, host=h.host, ssh={
+            "user": cluster.user, "port": h.port, "key": str(cluster.key_file),
+            "connect_timeout": 3,
+        })  # fmt: skip
     dep.spec["defaults"]["container"] = {"image": IMAGE, "runtime": "podman",
                                          "mounts": ["/usr:/usr:ro"]}  # fmt: skip
     dep.spec["router"]["container"] = {"enabled": False}
     dep.write()
     state = unrecorded_state(build_plan(load(dep.path)[0]), status="up")
     state.topology = str(dep.path)
+    state.known_hosts = known  # as `up --known-hosts` records it
     return dep, state
 
 
@@ -144,8 +155,16 @@ def status_rows(deployment: str) -> dict[str, dict[str, Any]]:
     return {r["process"]: r for r in json.loads(res.output)["processes"]}
 
 
-def test_down_removes_containers_whose_clients_are_all_gone(make_deployment, names) -> None:
-    dep, state = in_containers(make_deployment, names, "orphans")
+@pytest.mark.parametrize("over", ["local", pytest.param("ssh", marks=pytest.mark.ssh)])
+def test_down_removes_containers_whose_clients_are_all_gone(
+    make_deployment, names, over: str, request, tmp_path: Path
+) -> None:
+    ssh = None
+    if over == "ssh":
+        ssh = (request.getfixturevalue("sshd_cluster"), request.getfixturevalue("sshd_host"),
+               tmp_path)  # fmt: skip
+    dep, state = in_containers(make_deployment, names, "orphans", ssh=ssh)
+    assert all(p.local is (ssh is None) for p in state.processes)
     kill9(start_engines(state))
     engines = {f"pdl-{dep.name}-prefill-0", f"pdl-{dep.name}-decode-0"}
     assert labelled(dep.name) == dict.fromkeys(engines, "running")
