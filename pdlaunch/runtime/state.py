@@ -27,7 +27,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from pdlaunch.plan.containers import ENGINE_RUNTIMES, container_name
 from pdlaunch.plan.render import RenderedFile
-from pdlaunch.spec.topology import HOSTNAME
+from pdlaunch.spec.topology import HOSTNAME, NAME
 
 STATE_DIR_ENV = "PDLAUNCH_STATE_DIR"
 LOCK_FILE = "lock"
@@ -137,7 +137,9 @@ class DeploymentState:
                 raise ValueError(f"processes[{i}].name {p.name!r} is recorded twice")
             seen.add(p.name)
             if not HOSTNAME.fullmatch(p.host):
-                raise ValueError(f"processes[{i}].host is {p.host!r}: not a host name or address")
+                raise ValueError(
+                    f"processes[{i}].host is {p.host[:80]!r}: not a host name or address"
+                )
             for key, low in (("pid", 2), ("start_time", 0)):
                 v = getattr(p, key)
                 if v is not None and v < low:
@@ -163,10 +165,11 @@ def own_paths(name: str) -> dict[str, tuple[str, ...]]:
     }
 
 
-# A process name (an instance's name, ``-node<i>`` added for a multi-node one) and a
-# deployment name (the topology's NAME): one path component each, never "..", never absolute.
+# A process name (an instance's name, the topology's NAME, with ``-node<i>`` added for a
+# multi-node one) and a deployment name (NAME): one path component each, never "..", never
+# absolute.
 PROCESS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-DEPLOYMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+DEPLOYMENT_NAME = NAME
 
 
 def check_name(what: str, name: str, pattern: re.Pattern[str] = PROCESS_NAME) -> None:
