@@ -173,3 +173,59 @@ def test_a_genuine_record_still_reads(make_deployment) -> None:
     assert rec is not None and isinstance(rec.native, DeploymentState)
     assert [p.name for p in rec.processes] == ["prefill-0", "decode-0", "router"]
     assert cli("down", "fine").exit_code == 0
+
+
+def _set(where: str, key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    """An edit of the decode's entry: ``where`` "" (the process) or "handle", or
+    "container" (its container, made one of pdlaunch's first)."""
+
+    def change(data: dict[str, Any]) -> None:
+        d = proc(data, "decode-0")
+        target = d if where == "" else d["handle"]
+        if where == "container":
+            run = os.path.join(d["work_dir"], "run")
+            d["handle"]["container"] = {
+                "runtime": "podman", "name": f"pdl-{data['deployment']}-decode-0",
+                "cid_path": os.path.join(run, "decode-0.cid"),
+                "deployment": data["deployment"], "process": "decode-0",
+            }  # fmt: skip
+            target = d["handle"]["container"]
+        if value is _DUPLICATE:
+            data["processes"].append(dict(d))
+            return
+        target[key] = value(d) if callable(value) else value
+
+    return change
+
+
+_DUPLICATE = object()
+_ELSEWHERE = "/tmp/elsewhere"
+
+
+@pytest.mark.parametrize(
+    ("where", "key", "value", "says"),
+    [
+        ("handle", "pid_path", f"{_ELSEWHERE}/decode-0.pid", "processes[1].pid_path"),
+        ("handle", "script_path", f"{_ELSEWHERE}/decode-0.sh", "processes[1].script_path"),
+        ("", "log_path", lambda d: d["work_dir"] + "/logs/../../x.log", "processes[1].log_path"),
+        ("", "host", "h; reboot", "processes[1].host"),
+        ("", "name", ".hidden", "processes[1].name"),
+        ("", "name", _DUPLICATE, "recorded twice"),
+        ("container", "name", "someone-elses", "container.name"),
+        ("container", "deployment", "other", "container.deployment"),
+        ("container", "process", "prefill-0", "container.process"),
+        ("container", "cid_path", f"{_ELSEWHERE}/decode-0.cid", "container.cid_path"),
+        ("container", "runtime", "sh", "container.runtime"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and "/" not in v else None,
+)
+def test_every_field_down_acts_on_is_checked(make_deployment, where, key, value, says) -> None:
+    """Each field `down`, `status` or `logs` would act on, edited to point elsewhere: the
+    record is damaged, named with the field, and `status` says so without running anything."""
+    _, path = recorded(make_deployment, "fields")
+    edit(path, _set(where, key, value))
+    with pytest.raises(record_store.RecordError, match="is damaged") as err:
+        record_store.find("fields")
+    assert says in str(err.value)
+    res = cli("status", "fields")
+    assert res.exit_code != 0 and TRACEBACK not in res.output and says in res.output
