@@ -4,9 +4,15 @@ is a process's container running, and removing exactly the containers pdlaunch s
 A process's container is known by the id its `run --cidfile` wrote (containers.py), and, as
 a fallback for a start cut short before the id was written, by its name *and* pdlaunch's
 labels for that deployment and process: a container of the same name that someone else
-started carries neither, and is never touched. One command per call, sh only: the scripts
-``sh/containers.sh`` (shared functions), ``sh/container-remove.sh`` and
-``sh/container-state.sh``, with the values set as quoted variables before them.
+started carries neither, and is never touched. `down` also sweeps each host for the
+deployment's containers by those labels alone (:func:`sweep`): one whose record or cid file
+was lost is still found. One command per call, sh only: the scripts ``sh/containers.sh``
+(shared functions), ``sh/container-remove.sh``, ``sh/container-sweep.sh``,
+``sh/container-list.sh`` and ``sh/container-state.sh``, with the values set as quoted
+variables before them.
+
+The runtime is executed on the host, so it must be one pdlaunch knows (``ENGINE_RUNTIMES``):
+a record naming any other program is refused before anything runs.
 """
 
 from __future__ import annotations
@@ -50,6 +56,15 @@ class ContainerRef:
                                                  "deployment", "process")})  # fmt: skip
 
 
+def _known_runtime(host: Host, runtime: str) -> None:
+    if runtime not in ENGINE_RUNTIMES:
+        raise HostError(
+            f"{host.name}: container runtime {runtime[:80]!r} is not one of "
+            f"{', '.join(ENGINE_RUNTIMES)}; not run",
+            host=host.name,
+        )
+
+
 def _prelude(ref: ContainerRef, grace: float = 10.0) -> str:
     """The container scripts' variables, quoted, and their shared functions."""
     q = shlex.quote
@@ -64,6 +79,7 @@ def remove(host: Host, ref: ContainerRef, grace: float = 10.0, timeout: float = 
     """Stop (SIGTERM, ``grace`` s, SIGKILL) and remove the process's container(s), then prove
     each gone. Returns the ids removed (none: nothing of ours was there). HostError when one
     survives or the runtime cannot say."""
+    _known_runtime(host, ref.runtime)
     res = host.run(_prelude(ref, grace) + script("container-remove.sh"), timeout=grace + timeout)
     out = res.stdout.strip()
     if res.rc != 0 or not out.startswith("removed"):
@@ -75,12 +91,54 @@ def remove(host: Host, ref: ContainerRef, grace: float = 10.0, timeout: float = 
 def state(host: Host, ref: ContainerRef, timeout: float = 60.0) -> str:
     """The runtime's status of the process's container (running, exited, created, ...), or
     ``none``. HostError when the runtime cannot say."""
+    _known_runtime(host, ref.runtime)
     res = host.run(_prelude(ref) + script("container-state.sh"), timeout=timeout)
     out = res.stdout.strip()
     if res.rc != 0 or not out:
         why = res.stderr.strip() or f"rc={res.rc}"
         raise HostError(f"{host.name}: cannot ask {ref.runtime} about {ref.name}: {why}")
     return out.splitlines()[-1]
+
+
+def sweep(
+    host: Host, runtime: str, deployment: str, grace: float = 10.0, timeout: float = 120.0
+) -> list[str]:
+    """Stop and remove every container of ``deployment`` on ``host`` that ``runtime`` holds:
+    those with pdlaunch's deployment label and pdlaunch's name for the process their process
+    label names, whether or not any record, cid file or `run` client still points at them
+    (a client killed, a host rebooted into a running container, a record lost). Proves each
+    gone; returns the ids removed. HostError when one survives or the runtime cannot say."""
+    _known_runtime(host, runtime)
+    ref = ContainerRef(runtime, "", "/dev/null", deployment, "")
+    res = host.run(_prelude(ref, grace) + script("container-sweep.sh"), timeout=grace + timeout)
+    out = res.stdout.strip()
+    if res.rc != 0 or not out.startswith("removed"):
+        why = (res.stderr.strip() or out or f"rc={res.rc}")[:500]
+        raise HostError(
+            f"{host.name}: cannot remove the containers of {deployment}: {why}", host=host.name
+        )
+    return out.split()[1:]
+
+
+def of_deployment(
+    host: Host, runtime: str, deployment: str, timeout: float = 60.0
+) -> list[tuple[str, str, str]]:
+    """Every container of ``deployment`` that ``runtime`` holds on ``host``, found as
+    :func:`sweep` finds them: (id, process, status). HostError when the runtime cannot say."""
+    _known_runtime(host, runtime)
+    ref = ContainerRef(runtime, "", "/dev/null", deployment, "")
+    res = host.run(_prelude(ref) + script("container-list.sh"), timeout=timeout)
+    lines = res.stdout.splitlines()
+    if res.rc != 0 or not lines or lines[-1] != "end":
+        why = (res.stderr.strip() or f"rc={res.rc}")[:500]
+        raise HostError(f"{host.name}: cannot ask {runtime} about {deployment}: {why}",
+                        host=host.name)  # fmt: skip
+    out = []
+    for line in lines[:-1]:
+        parts = line.split()
+        if len(parts) == 3:
+            out.append((parts[0], parts[1], parts[2]))
+    return out
 
 
 def missing_images(host: Host, wanted: list[tuple[str, str]], timeout: float = 60.0) -> list[str]:

@@ -137,7 +137,8 @@ class ProcessControl(Transport):
         """Stop the process group led by ``pid``: SIGTERM, wait up to ``grace`` s, SIGKILL.
 
         Idempotent: returns ``False`` when nothing was running (or ``pid`` now belongs to an
-        unrelated process, detected by ``start_time`` from :meth:`start_tracked`), ``True``
+        unrelated process, detected by ``start_time`` from :meth:`start_tracked`, or, with
+        ``log_file``, a live group none of whose members holds that log), ``True``
         when something was stopped. If ``pid`` is alive but not a group leader, only that
         process is signalled. A group whose leader is dead is stopped too (an engine's
         workers outlive a killed API server): with ``log_file``, only while one of its

@@ -19,7 +19,6 @@ never overwritten, moved aside or taken for damaged.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -27,7 +26,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from pdlaunch.fsutil import atomic_write
+from pdlaunch.fsutil import ReadRefused, atomic_write, loads_json_bounded, read_bounded
 from pdlaunch.runtime.state import (
     DeploymentState,
     StateError,
@@ -53,6 +52,30 @@ from .record import (
 #: format 1: each backend's own file (read and migrated, never written)
 LEGACY_FILES = {"ssh": "state.json", "slurm": "slurm.json"}
 _NAMES = {"ssh": "processes started over SSH", "slurm": "a Slurm job"}
+# A record holds each process's rendered script: a few KiB per process, so a few MiB for a
+# thousand. Anything past these bounds was not written by pdlaunch.
+MAX_RECORD_BYTES = 64 << 20
+MAX_RECORD_DEPTH = 32
+
+
+def _read_text(path: Path) -> str:
+    """The record file's text, read with bounds (a regular file, not a FIFO or a device, at
+    most MAX_RECORD_BYTES, UTF-8): ReadRefused (a ValueError) saying why otherwise."""
+    data = read_bounded(path, MAX_RECORD_BYTES, what="record")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ReadRefused(f"record {str(path)!r} is not UTF-8 text") from None
+
+
+def _load_json(text: str) -> object:
+    """``text`` parsed with bounds (nesting, NaN, Infinity): ValueError (ReadRefused), never
+    a RecursionError, for a record pdlaunch did not write."""
+    return loads_json_bounded(text, max_depth=MAX_RECORD_DEPTH, what="the JSON")
+
+
+def _read_json(path: Path) -> object:
+    return _load_json(_read_text(path))
 
 
 def record_path(deployment: str) -> Path:
@@ -86,7 +109,7 @@ def backend_named(path: Path) -> str | None:
     """The backend a record file says it is (its ``backend``, else a format-1 file's name),
     read without checking anything else: for messages about a record that cannot be read."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = _read_json(path)
     except (OSError, ValueError):
         data = None
     return _guess_backend(data, path)
@@ -98,13 +121,17 @@ def read_file(path: Path, deployment: str | None = None) -> Record:
     RecordFormatError for a format this pdlaunch does not read; RecordError naming the file
     and what is wrong (and, for a Slurm job, what to do by hand) otherwise."""
     deployment = deployment or path.parent.name
+    legacy = next((b for b, n in LEGACY_FILES.items() if n == path.name), None)
     try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text)
+        text = _read_text(path)
     except (OSError, ValueError) as exc:
-        backend = next((b for b, n in LEGACY_FILES.items() if n == path.name), None)
-        raise _damaged(f"cannot read {_what(backend)} {path}: {exc}", deployment, backend,
+        raise _damaged(f"cannot read {_what(legacy)} {path}: {exc}", deployment, legacy,
                        path) from None  # fmt: skip
+    try:
+        data = _load_json(text)
+    except ValueError as exc:
+        raise _damaged(f"cannot read {_what(legacy)} {path}: it is damaged: {exc}", deployment,
+                       legacy, path) from None  # fmt: skip
     fmt = data.get("format") if isinstance(data, dict) else None
     backend = _guess_backend(data, path)
     if isinstance(fmt, int) and not isinstance(fmt, bool) and fmt > FORMAT:
@@ -219,7 +246,7 @@ def backend_of(deployment: str, backend: str | None = None) -> str | None:
     if backend is not None:
         return backend
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = _read_json(path)
     except (OSError, ValueError):
         return None  # damaged: the command reading it says so
     found = data.get("backend") if isinstance(data, dict) else None
@@ -230,7 +257,7 @@ def check_format(path: Path) -> None:
     """RecordFormatError when ``path`` holds a record of a format this pdlaunch does not
     read (anything else, damage included, is for the reader to say)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = _read_json(path)
     except (OSError, ValueError):
         return
     fmt = data.get("format") if isinstance(data, dict) else None
@@ -291,7 +318,7 @@ def write(rec: Record) -> Path:
     if new is not None:
         check_format(new)
         try:
-            data = json.loads(new.read_text(encoding="utf-8"))
+            data = _read_json(new)
         except (OSError, ValueError):
             data = None  # damaged: replaced (the runtime decided, knowing it)
         other = data.get("backend") if isinstance(data, dict) else None

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import posixpath
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -24,7 +25,9 @@ from typing import Any, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
+from pdlaunch.plan.containers import ENGINE_RUNTIMES, container_name
 from pdlaunch.plan.render import RenderedFile
+from pdlaunch.spec.topology import HOSTNAME, NAME
 
 STATE_DIR_ENV = "PDLAUNCH_STATE_DIR"
 LOCK_FILE = "lock"
@@ -126,16 +129,84 @@ class DeploymentState:
             raise ValueError(
                 f"deployment is {state.deployment!r}, in the directory of {deployment!r}"
             )
+        check_name("deployment", state.deployment, DEPLOYMENT_NAME)
+        seen: set[str] = set()
         for i, p in enumerate(state.processes):
+            check_name(f"processes[{i}].name", p.name)
+            if p.name in seen:
+                raise ValueError(f"processes[{i}].name {p.name!r} is recorded twice")
+            seen.add(p.name)
+            if not HOSTNAME.fullmatch(p.host):
+                raise ValueError(
+                    f"processes[{i}].host is {p.host[:80]!r}: not a host name or address"
+                )
             for key, low in (("pid", 2), ("start_time", 0)):
                 v = getattr(p, key)
                 if v is not None and v < low:
                     raise ValueError(f"processes[{i}].{key} is {v!r}: not a valid {key}")
-            check_own_path(
-                f"processes[{i}].secrets_path", p.secrets_path, p.work_dir, state.deployment,
-                "run", f"{p.name}.secrets.env",
-            )  # fmt: skip
+            # Every path `down`, `status` and `logs` act on is the plan's own in the process's
+            # work dir: a pid file or log named elsewhere would make another process "ours".
+            for key, parts in own_paths(p.name).items():
+                check_own_path(f"processes[{i}].{key}", getattr(p, key), p.work_dir,
+                               state.deployment, *parts)  # fmt: skip
+            if p.container is not None:
+                check_container(f"processes[{i}].container", p.container, p.name, p.work_dir,
+                                state.deployment)  # fmt: skip
         return state
+
+
+def own_paths(name: str) -> dict[str, tuple[str, ...]]:
+    """Where the plan puts process ``name``'s files in its work dir (plan.build._paths)."""
+    return {
+        "script_path": (f"{name}.sh",),
+        "log_path": ("logs", f"{name}.log"),
+        "pid_path": ("run", f"{name}.pid"),
+        "secrets_path": ("run", f"{name}.secrets.env"),
+    }
+
+
+# A process name (an instance's name, the topology's NAME, with ``-node<i>`` added for a
+# multi-node one) and a deployment name (NAME): one path component each, never "..", never
+# absolute.
+PROCESS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+DEPLOYMENT_NAME = NAME
+
+
+def check_name(what: str, name: str, pattern: re.Pattern[str] = PROCESS_NAME) -> None:
+    """ValueError unless ``name`` is a name pdlaunch could have given: it becomes part of
+    paths that are deleted and of container names that are removed."""
+    if not pattern.fullmatch(name):
+        raise ValueError(
+            f"{what} is {name[:80]!r}: not a name (letters, digits, '.', '_', '-'; no '/', "
+            "not starting with '.')"
+        )
+
+
+_CONTAINER_KEYS = ("runtime", "name", "cid_path", "deployment", "process")
+
+
+def check_container(
+    what: str, ref: dict[str, str], name: str, work_dir: str, deployment: str
+) -> None:
+    """A recorded container (pdlaunch.hosts.containers.ContainerRef) must be the one the plan
+    gives process ``name``: a known runtime (it is executed on the host), its own container
+    name and labels, its own cid file (`down` removes the container whose id it holds, and
+    the file). ValueError naming the field otherwise."""
+    if sorted(ref) != sorted(_CONTAINER_KEYS) or not all(isinstance(v, str) for v in ref.values()):
+        raise ValueError(f"{what}: not a container record (keys {', '.join(_CONTAINER_KEYS)})")
+    if ref["runtime"] not in ENGINE_RUNTIMES:
+        raise ValueError(
+            f"{what}.runtime is {ref['runtime'][:80]!r}, not one of {', '.join(ENGINE_RUNTIMES)}"
+        )
+    for key, want in (
+        ("deployment", deployment),
+        ("process", name),
+        ("name", container_name(deployment, name)),
+    ):
+        if ref[key] != want:
+            raise ValueError(f"{what}.{key} is {ref[key][:80]!r}, not {want!r}")
+    check_own_path(f"{what}.cid_path", ref["cid_path"], work_dir, deployment, "run",
+                   f"{name}.cid")  # fmt: skip
 
 
 def _where(loc: Sequence[int | str]) -> str:
@@ -171,19 +242,25 @@ def validation_message(
 
 
 def check_own_path(what: str, path: str, work_dir: str, deployment: str, *parts: str) -> None:
-    """A path a record names for pdlaunch to write or delete must be the one the plan gives
-    it in the deployment's own work dir (``<base>/<deployment>/<parts>``): a record edited to
-    name another file must not make `down` delete it. ValueError saying so otherwise."""
-    if posixpath.basename(work_dir.rstrip("/")) != deployment:
+    """A path a record names for pdlaunch to write, read, signal by or delete must be the one
+    the plan gives it in the deployment's own work dir (``<base>/<deployment>/<parts>``): a
+    record edited to name another file must not make `down` delete it or stop the process
+    holding it. Each part must be one plain name (a process name that is absolute or holds
+    ``..`` would lead the joined path out of the work dir), and the work dir must end in the
+    deployment's name, itself a plain name (checked by the caller): whatever else the work
+    dir says, it names a directory of that deployment. ValueError saying so otherwise."""
+    wd = work_dir.rstrip("/") or work_dir
+    if posixpath.basename(wd) != deployment or deployment in ("", ".", ".."):
         raise ValueError(
-            f"{what}: the work dir {work_dir!r} is not a directory of deployment "
+            f"{what}: the work dir {work_dir[:200]!r} is not a directory of deployment "
             f"{deployment!r}; pdlaunch deletes files only in the deployment's own directories"
         )
-    expected = posixpath.join(work_dir, *parts)
-    if path != expected:
+    bad = [p for p in parts if p in ("", ".", "..") or "/" in p or "\0" in p]
+    expected = posixpath.join(wd, *parts)
+    if bad or path != expected:
         raise ValueError(
-            f"{what} is {path!r}, not {expected!r}: pdlaunch deletes files only in the "
-            "deployment's own directories, so it does not delete that one"
+            f"{what} is {path[:200]!r}, not {expected[:200]!r}: pdlaunch deletes files only in "
+            "the deployment's own directories, so it does not delete that one"
         )
 
 

@@ -28,7 +28,7 @@ from pdlaunch.runtime.record import (
     SlurmProcessHandle,
     metrics_url_of,
 )
-from pdlaunch.runtime.state import check_own_path, parse_json_as
+from pdlaunch.runtime.state import DEPLOYMENT_NAME, check_name, check_own_path, parse_json_as
 
 
 class SlurmRunError(Exception):
@@ -112,6 +112,11 @@ class SlurmRecord:
         if not is_job_id(rec.job_id):
             raise ValueError(f"job_id {rec.job_id!r} is not a Slurm job id")
         dep = rec.deployment
+        check_name("deployment", dep, DEPLOYMENT_NAME)
+        for i, p in enumerate(rec.processes):
+            check_name(f"processes[{i}].name", p.name)
+        if len({p.name for p in rec.processes}) != len(rec.processes):
+            raise ValueError("processes: a name is recorded twice")
         router = rec.process("router")
         if router is None:
             raise ValueError("processes: no router")

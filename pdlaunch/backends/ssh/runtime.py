@@ -23,7 +23,7 @@ from pdlaunch.runtime.state import DeploymentState, ProcessState, StateError
 
 from .launch import SshLaunch
 from .records import proc_host, survey, unknown_message, unrecorded_state
-from .stopping import stop_processes
+from .stopping import stop_processes, sweep_containers
 
 
 def _observe_container(pool: HostPool, ps: ProcessState, o: Observed, client_alive: bool) -> None:
@@ -40,6 +40,35 @@ def _observe_container(pool: HostPool, ps: ProcessState, o: Observed, client_ali
             o.health = "container running without its client"
             if ps.health_url:
                 o.health += f"; {health.probe(ps.health_url, timeout=5.0).describe()}"
+
+
+def _unrecorded_containers(pool: HostPool, state: DeploymentState) -> list[Observed]:
+    """Containers of the deployment that its record does not name (a process since removed
+    from the topology, a record rewritten without it), found by pdlaunch's labels on each
+    container host: shown, so that `status` never hides what `down` will remove."""
+    recorded: dict[tuple[str, str], set[str]] = {}
+    first: dict[tuple[str, str], ProcessState] = {}
+    for ps in state.processes:
+        if ps.container is not None:
+            key = (ps.host, ps.container["runtime"])
+            recorded.setdefault(key, set()).add(ps.name)
+            first.setdefault(key, ps)
+    rows = []
+    for key, ps in first.items():
+        try:
+            found = containers.of_deployment(proc_host(pool, ps), key[1], state.deployment)
+        except HostError:
+            continue  # the recorded processes' rows already say the runtime cannot answer
+        for cid, proc, status in found:
+            if proc in recorded[key]:
+                continue
+            rows.append(Observed(
+                f"{proc} (container {cid[:12]})", "container", ps.host,
+                alive=status == "running", container=status,
+                health="a container of this deployment its record does not name; "
+                       "`pdlaunch down` removes it",
+            ))  # fmt: skip
+    return rows
 
 
 def _load(deployment: str) -> DeploymentState | None:
@@ -124,6 +153,7 @@ class SshRuntime(Runtime):
                 if o.alive and ps.started_at:
                     o.uptime_s = round(now - ps.started_at, 1)
                 rows.append(o)
+            rows += _unrecorded_containers(pool, state)
         return Observation(deployment, self.name, state.status, rows,
                            title=f"{deployment} ({state.status}) {state.endpoint}")  # fmt: skip
 
@@ -180,6 +210,7 @@ class _SshHeld(Held):
         self.handle = {}
         self.found = survey(state, pool)
         self.names = [p.name for p in state.started()] + [s.name for s in self.found.strangers]
+        self.containers: list[str] = []  # ids of the containers `stop_all` removed
 
     def stop_all(self, reporter: Reporter, grace: float) -> list[str]:
         try:
@@ -189,9 +220,16 @@ class _SshHeld(Held):
                 self.state.status = "stopping"
                 save_state(self.state)  # pids found by pid files are on record before a signal
             errors = []
-            if self.names:
+            in_containers = any(p.container is not None for p in self.state.processes)
+            # A container outlives its `run` client (killed, or a host rebooted into it): with
+            # no pid left alive, its processes must still be removed, by the record and by
+            # the runtime's labels, before the record is forgotten.
+            if self.names or in_containers:
                 errors = stop_processes(self.state, self.pool, reporter, grace=grace,
-                                        extra=self.found.strangers)  # fmt: skip
+                                        extra=self.found.strangers,
+                                        removed=self.containers)  # fmt: skip
+            if not errors and in_containers and self.found.complete:
+                errors = sweep_containers(self.state, self.pool, grace, self.containers)
             if not errors and not self.found.complete:
                 errors = [unknown_message(self.found, self.deployment)]
             return errors
@@ -214,13 +252,17 @@ class _SshHeld(Held):
 
     def message(self, note: str) -> str:
         dep, n = self.deployment, len(self.names)
+        if self.containers:
+            note = f"; {len(self.containers)} container(s) removed{note}"
         if self.recorded:
             return f"{dep} is down ({n} process(es) stopped){note}"
-        if not self.names:
+        if not self.names and not self.containers:
             return (
                 f"{dep}: nothing recorded, and no process of it runs on its hosts "
                 f"(pid files checked); nothing to stop{note}"
             )
+        if not self.names:
+            return f"{dep} is down (nothing recorded; no process found by its pid files{note})"
         return (
             f"{dep} is down ({n} process(es) found by their pid files and stopped; nothing "
             f"usable was recorded on this control host){note}"

@@ -18,7 +18,7 @@ from pdlaunch.hosts.containers import ContainerRef
 from pdlaunch.runtime.lifecycle.model import STOP_ORDER, Reporter, View
 from pdlaunch.runtime.state import DeploymentState, ProcessState
 
-from .records import proc_host
+from .records import proc_host, proc_key
 
 
 def stop_processes(
@@ -30,11 +30,13 @@ def stop_processes(
     grace: float = 10.0,
     extra: list[ProcessState] | None = None,
     only: set[str] | None = None,
+    removed: list[str] | None = None,
 ) -> list[str]:
     """Stop ``state``'s processes (and ``extra`` ones: second copies a survey found), remove
-    their secret env files, and clear each pid once its process is proven gone. ``only``:
-    names to stop (default: all). Returns one message per process that could not be stopped
-    (its pid stays recorded)."""
+    their containers and secret env files, and clear each pid once its process is proven
+    gone. ``only``: names to stop (default: all). ``removed``: gets the ids of the containers
+    removed. Returns one message per process that could not be stopped (its pid stays
+    recorded)."""
     errors: list[str] = []
     lock = threading.Lock()
 
@@ -51,7 +53,10 @@ def stop_processes(
             if ps.container is not None:
                 # Also when the runtime's client was gone (killed, or never recorded): the
                 # container runs on without it. Proven removed, or HostError.
-                containers.remove(host, ContainerRef.from_json(ps.container), grace)
+                ids = containers.remove(host, ContainerRef.from_json(ps.container), grace)
+                if removed is not None:
+                    with lock:
+                        removed.extend(i for i in ids if i not in removed)
             host.run(f"rm -f -- {sh_quote_path(ps.secrets_path)}", timeout=60)
             with lock:
                 ps.pid = None
@@ -69,6 +74,35 @@ def stop_processes(
         procs = [p for p in everything if p.role == role]
         if procs:
             parallel(one, procs)
+    return errors
+
+
+def sweep_containers(
+    state: DeploymentState, pool: HostPool, grace: float, removed: list[str]
+) -> list[str]:
+    """Remove every container of the deployment that the runtimes on its container hosts
+    still hold by pdlaunch's labels (:func:`pdlaunch.hosts.containers.sweep`), beyond those
+    the record names: one per (host, runtime), in parallel. ``removed`` gets their ids.
+    Returns one message per host where that could not be proven."""
+    errors: list[str] = []
+    lock = threading.Lock()
+    targets: dict[tuple[object, str], ProcessState] = {}
+    for ps in state.processes:
+        if ps.container is not None:
+            targets.setdefault((proc_key(ps), ps.container["runtime"]), ps)
+
+    def one(item: tuple[tuple[object, str], ProcessState]) -> None:
+        (_, runtime), ps = item
+        try:
+            ids = containers.sweep(proc_host(pool, ps), runtime, state.deployment, grace)
+        except HostError as exc:
+            with lock:
+                errors.append(f"containers on {ps.host}: {exc}")
+            return
+        with lock:
+            removed.extend(i for i in ids if i not in removed)
+
+    parallel(one, list(targets.items()))
     return errors
 
 

@@ -14,3 +14,19 @@ _ours() {  # ids of containers named $NAME carrying our deployment and process l
 _missing_image() {  # $1=runtime $2=image: "runtime<TAB>image<TAB>why" unless it has it
     _o=$("$1" image inspect --format '{{.Id}}' "$2" 2>&1) \
         || printf '%s\t%s\t%s\n' "$1" "$2" "$(echo "$_o" | tail -n 1)"; }
+_of_deployment() {  # "id process" of each container of $DEP: its deployment label, and the
+    # name pdlaunch gives its process label's process (pdl-$DEP-<process>). 5: cannot say.
+    # stdout only (a runtime's warnings go to stderr); asked again for the reason on failure
+    _ids=$("$RT" ps -a -q --no-trunc --filter "label=$LD=$DEP" 2>/dev/null) || {
+        _e=$("$RT" ps -a -q --filter "label=$LD=$DEP" 2>&1)
+        echo "$RT ps: $_e" | head -c 2000 >&2; return 5; }
+    for _id in $_ids; do
+        case $_id in ''|*[!0-9a-f]*) continue;; esac
+        # docker prints the name with a leading /, podman without
+        _i=$("$RT" container inspect --format "{{.Name}} {{index .Config.Labels \"$LP\"}}" \
+            "$_id" 2>/dev/null) || continue
+        _n=${_i%% *}; _n=${_n#/}; _p=${_i#* }
+        case $_p in ''|.*|*/*|*[!A-Za-z0-9_.-]*) continue;; esac
+        [ "$_n" = "pdl-$DEP-$_p" ] && echo "$_id $_p"
+    done
+    return 0; }

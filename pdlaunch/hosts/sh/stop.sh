@@ -1,6 +1,7 @@
 # Stop the process group led by a pid: SIGTERM, wait up to the grace, SIGKILL, then prove it
-# gone. Prints none (nothing of ours ran), reused (the pid is another process now), term or
-# kill; exit 3 when the group is still alive after SIGKILL. Needs proc.sh.
+# gone. Prints none (nothing of ours ran), reused (the pid is another process now, or it holds
+# no log of ours), term or kill; exit 3 when the group is still alive after SIGKILL. Needs
+# proc.sh.
 # $1=pid $2=its start time ('' unknown) $3=grace in centiseconds $4=its log file ('' none)
 PID=$1; PGID=$1; START=$2; GRACE_CS=$3; LOGF=$4
 _now() {  # centiseconds since boot
@@ -11,6 +12,12 @@ if s=$(_stat $PID); then
     if [ -n "$START" ] && [ "${20}" != "$START" ]; then echo reused; exit 0; fi
     [ "$3" = "$PID" ] || mode=pid
     case $1 in Z|X|x) [ -n "$START" ] && proven=start;; *) proven=alive;; esac
+fi
+if [ "$proven" = alive ] && [ -n "$LOGF" ]; then
+    # A live pid with the right start time is ours only while it, or a member of its group,
+    # holds our log: a pid and its start time can be read from /proc and copied into a record.
+    [ -n "$(_holders "$LOGF" | awk -v p="$PID" -v pg="$PGID" '$1 == p || $2 == pg')" ] \
+        || { echo reused; exit 0; }
 fi
 if [ -z "$proven" ] && [ -n "$LOGF" ]; then
     # The leader is gone (or a zombie we cannot date): its group (an engine's children) is
