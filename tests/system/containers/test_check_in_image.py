@@ -115,9 +115,9 @@ def _topology(tmp_path, model_dir, h, cluster, image: str, enabled: bool = True)
     }  # fmt: skip
 
 
-def _check(tmp_path, topo, cluster):
+def _check(tmp_path, topo, cluster, fast: bool = True):
     _, plan = plan_of(tmp_path, topo)
-    return run_check(plan, opts(cluster, fast=True))
+    return run_check(plan, opts(cluster, fast=fast))
 
 
 def test_vllm_only_in_the_image_passes(
@@ -125,7 +125,7 @@ def test_vllm_only_in_the_image_passes(
 ) -> None:
     (h,) = sshd_hosts(1)
     topo = _topology(tmp_path, model_dir, h, sshd_cluster, images["with"])
-    report = _check(tmp_path, topo, sshd_cluster)
+    report = _check(tmp_path, topo, sshd_cluster, fast=False)  # the argv dry-parse too
     (versions,) = rows(report, "versions")
     assert versions.status is Status.OK, versions
     assert "vllm 0.32.0, nixl 0.7.1" in versions.message
@@ -133,6 +133,10 @@ def test_vllm_only_in_the_image_passes(
     assert versions.data["executable"].startswith("/") and versions.data["image"] == images["with"]
     (model,) = rows(report, "model.path")
     assert model.status is Status.OK, model  # through the container's mount
+    # the image's vLLM answered the dry-parse (its distribution is there, its CLI is not)
+    (argv,) = rows(report, "vllm.argv")
+    assert argv.data["vllm"] == "0.32.0" and argv.data["image"] == images["with"], argv
+    assert "CLI parser did not import" in argv.message
     # the host itself has neither: the same topology with the engines on the host fails
     host = _check(tmp_path, {**topo, "defaults": {**topo["defaults"], "container":
                   {**topo["defaults"]["container"], "enabled": False}}}, sshd_cluster)  # fmt: skip
