@@ -63,7 +63,8 @@ def test_the_srun_flag_is_slurms_own() -> None:
 
 
 def test_pyxis_mode_renders_pyxis_and_oci_mode_the_bundle(tmp_path: Path) -> None:
-    plan = _plan(_topo(tmp_path))
+    # pass_env needs no flag under oci: Slurm hands the step's environment to the container
+    plan = _plan(_topo(tmp_path, pass_env=["HF_HOME"]))
     pyxis = slurm.sbatch_script(plan, SlurmOptions())
     assert f"--container-image={IMAGE}" in _step_flags(pyxis, "prefill-0")
     bundle = "/shared/bundles/vllm-25.09"
@@ -86,7 +87,6 @@ def test_pyxis_mode_renders_pyxis_and_oci_mode_the_bundle(tmp_path: Path) -> Non
     [
         ({}, {}, ["image nvcr.io#nvidia/vllm:25.09-py3 has no OCI bundle", "umoci unpack",
                   "slurm.oci_bundles"]),
-        ({"pass_env": ["HF_HOME"]}, {IMAGE: "/b"}, ["pass_env (HF_HOME)", "srun has no flag"]),
         ({"extra_args": ["--container-remap-root"]}, {IMAGE: "/b"},
          ["extra_args (--container-remap-root) are pyxis's"]),
     ],
@@ -123,10 +123,11 @@ def test_the_slurm_block_is_checked_with_its_line(tmp_path: Path) -> None:
     assert "oci_bundles" in str(exc.value) and "absolute path" in str(exc.value)
 
 
-def _bundle(root: Path, mounts: list[dict], namespaces: list[str] = ()) -> Path:
+def _bundle(root: Path, mounts: list[dict], namespaces: list[str] = (), cwd: str = "/") -> Path:
     (root / "rootfs").mkdir(parents=True)
     config = {
         "ociVersion": "1.0.2",
+        "process": {"cwd": cwd, "args": ["sh"]},
         "root": {"path": "rootfs"},
         "mounts": mounts,
         "linux": {"namespaces": [{"type": t} for t in namespaces]},
@@ -141,9 +142,16 @@ def _bind(src: str, dst: str | None = None) -> dict:
 
 def test_a_bundle_that_binds_what_the_steps_need_passes(tmp_path: Path) -> None:
     plan = _plan(_topo(tmp_path))
-    b = _bundle(tmp_path / "b", [_bind(str(tmp_path)), _bind("/models")], ["pid", "mount"])
+    work = plan.by_role("prefill")[0].work_dir
+    b = _bundle(tmp_path / "b", [_bind(str(tmp_path)), _bind("/models")], ["pid", "mount"], work)
     opts = SlurmOptions(container_support="oci", oci_bundles={IMAGE: str(b)})
     assert bundle_findings(plan, opts) == []
+    # runc spec's cwd "/": the engines would not start in their work dir (srun --chdir does
+    # not reach the container), which is said, not refused
+    _bundle(tmp_path / "c", [_bind(str(tmp_path)), _bind("/models")])
+    opts = SlurmOptions(container_support="oci", oci_bundles={IMAGE: str(tmp_path / "c")})
+    (cwd,) = bundle_findings(plan, opts)
+    assert cwd.severity == "warning" and "start in / (the bundle's process.cwd)" in cwd.message
     assert bundle_findings(plan, SlurmOptions()) == []  # pyxis: no bundle to read
 
 

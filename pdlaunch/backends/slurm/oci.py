@@ -13,13 +13,14 @@ tests/fixtures/slurm/srun-container.txt), summed up in docs/slurm-containers.md:
   directory (config.json + rootfs, e.g. ``umoci unpack``) on shared storage, never an image
   name, which only pyxis pulls.
 * Containers run unprivileged (rootless) on the host network; there is no srun flag for
-  mounts, devices, shm or environment: the bundle's config.json (its ``mounts``,
-  ``linux.devices``, ``linux.namespaces``) or the site's RunTimeRun wrapper decides them
-  (sites with ``IgnoreFileConfigJson=true`` run PATH without reading its config.json).
+  mounts, devices, shm or the working directory: the bundle's config.json (its ``mounts``,
+  ``linux.devices``, ``linux.namespaces``, ``process.cwd``) or the site's RunTimeRun wrapper
+  decides them (sites with ``IgnoreFileConfigJson=true`` run PATH without reading its
+  config.json). The step's environment is handed in (seen on 22.05.8, see :func:`oci_flags`).
 
 So the topology's `container:` maps to one flag; what it asks beyond the image is checked
 against the bundle's config.json where this machine sees it (:func:`bundle_findings`), and
-what no bundle can carry (``pass_env``, pyxis's ``extra_args``) is refused.
+what no bundle can carry (pyxis's ``extra_args``) is refused.
 """
 
 from __future__ import annotations
@@ -72,13 +73,10 @@ def oci_flags(p: Process, opts: SlurmOptions) -> tuple[str, ...]:
     topology asks that no srun flag carries."""
     c = p.container
     assert c is not None
-    if c.pass_env:
-        raise SlurmError(
-            f"{p.name}: container.pass_env ({', '.join(c.pass_env)}) cannot be given to Slurm's "
-            "own containers: srun has no flag for it (the step's environment reaches the "
-            "container as the node's oci.conf says: CreateEnvFile, EnvExclude); drop pass_env "
-            "or use pyxis (slurm.container_support: pyxis)"
-        )
+    # pass_env needs no flag: Slurm hands the step's environment (srun --export=ALL) to the
+    # container over config.json's process.env, the step's value winning (seen on Slurm 22.05.8
+    # with runc: a variable of the submitting shell inside, the image's PATH replaced, its other
+    # variables kept), as pyxis's --container-env does; a node's oci.conf EnvExclude may drop some.
     if c.extra_args:
         raise SlurmError(
             f"{p.name}: container.extra_args ({' '.join(c.extra_args)}) are pyxis's srun flags; "
@@ -169,6 +167,19 @@ def _one_bundle(bundle: str, procs: list[Process]) -> Iterator[Finding]:
 
 def _judge(config: dict[str, Any], where: str, procs: list[Process]) -> Iterator[Finding]:
     binds, spaces, devices = _binds(config), _namespaces(config), _devices(config)
+    process = config.get("process") if isinstance(config.get("process"), dict) else {}
+    cwd = str(process.get("cwd") or "/")
+    away = [p.name for p in procs if p.work_dir.rstrip("/") != cwd.rstrip("/")]
+    if away:
+        # srun --chdir (the driver's) does not reach the container: Slurm 22.05.8 with runc
+        # started the step in config.json's process.cwd (tests/system/slurm/test_slurm_oci_steps)
+        yield warning(
+            RULE, FIELD,
+            f"{', '.join(away)} start in {cwd} (the bundle's process.cwd), not in their work "
+            "dir as under pyxis or SSH: srun's --chdir does not reach Slurm's containers",
+            f"set process.cwd in {where} to the work dir ({procs[0].work_dir}) if the engine "
+            "reads relative paths", GUIDE,
+        )  # fmt: skip
     if "network" in spaces:
         yield error(
             RULE, FIELD,

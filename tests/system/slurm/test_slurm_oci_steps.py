@@ -60,7 +60,7 @@ def oci_cluster():
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _bundle(path: Path, binds: list[tuple[str, bool]]) -> Path:
+def _bundle(path: Path, binds: list[tuple[str, bool]], cwd: str) -> Path:
     """A skeleton root filesystem (as scripts/container-image.sh builds) and `runc spec`'s
     config.json with ``binds`` (path, writable) added and the network and IPC namespaces
     dropped (host ports; the cpu kind's UCX shared memory)."""
@@ -77,6 +77,7 @@ def _bundle(path: Path, binds: list[tuple[str, bool]]) -> Path:
     config = json.loads((path / "config.json").read_text())
     config["root"]["readonly"] = False
     config["process"]["terminal"] = False
+    config["process"]["cwd"] = cwd  # srun --chdir does not reach the container
     config["mounts"] += [
         {"destination": p, "source": p, "type": "bind", "options": ["rbind", "rw" if w else "ro"]}
         for p, w in binds
@@ -119,7 +120,7 @@ def test_up_runs_the_engines_in_the_bundle_and_down_leaves_nothing(
     # /etc/alternatives: Debian's awk (the node runner's) is a link through it
     ro = ["/etc/alternatives", *(str(p) for p in (bins, venv, base))]
     bundle = _bundle(tmp_path / "bundle", [("/usr", False), *((p, False) for p in ro),
-                                           (str(work), True)])  # fmt: skip
+                                           (str(work), True)], str(work / "oci-fake"))  # fmt: skip
     spec = fake_spec("oci-fake", work, cluster.nodes, fake_bins,
                      free_ports("prefill", "decode", "side", "router", "metrics"))  # fmt: skip
     spec["defaults"]["container"] = {
@@ -145,6 +146,10 @@ def test_up_runs_the_engines_in_the_bundle_and_down_leaves_nothing(
         assert text.count(f"--container={bundle}") == 2, "both engine steps, not the router"
         pids = _engine_pids(bins)
         assert len(pids) == 2, pids
+        # started where the bundle says (process.cwd, the work dir), with the step's variables
+        assert {os.readlink(f"/proc/{p}/cwd") for p in pids} == {str(work / "oci-fake")}
+        environ = Path(f"/proc/{pids[0]}/environ").read_bytes().split(b"\0")
+        assert any(v.startswith(b"SLURM_JOB_ID=") for v in environ)
         inside = os.stat(bundle / "rootfs" / "etc" / "passwd").st_ino
         # each engine's root is the bundle's rootfs, not this machine's /
         assert [os.stat(f"/proc/{p}/root/etc/passwd").st_ino for p in pids] == [inside] * 2
