@@ -29,11 +29,19 @@ class Job:
     required: bool = True
     target: str = ""
     probe: Probe | None = None
+    # the jobs a container job runs in its image (check/inside.py): what it stands for
+    inner: tuple[Job, ...] = ()
+
+    def probes(self) -> list[Probe]:
+        """The probes this job runs, its inner jobs' included."""
+        own = [self.probe] if self.probe is not None else []
+        return own + [p for j in self.inner for p in j.probes()]
 
 
-def probe_job(probe: Probe, target: str, call: Call) -> Job:
-    """The job of one call of ``probe`` on ``target``."""
-    ctx = ProbeContext(target, call.required, call.params)
+def probe_job(probe: Probe, target: str, call: Call, where: str = "on host") -> Job:
+    """The job of one call of ``probe`` on ``target`` (``where``: as absence messages say
+    the place the command runs)."""
+    ctx = ProbeContext(target, call.required, call.params, where=where)
     return Job(
         probe.render(call.params),
         probe.timeout_s,
@@ -115,18 +123,30 @@ def run_jobs(host: Host, jobs: list[Job], label: str) -> list[CheckResult]:
             for j in jobs
         ]
     outputs = parse_batch(res.stdout, boundary, len(jobs))
+    detail = (res.stderr.strip() or res.stdout.strip())[-300:]
+    return judge_outputs(jobs, outputs, label, f"batch rc={res.rc}: {detail}")
+
+
+def judge_outputs(
+    jobs: list[Job],
+    outputs: dict[int, CommandOutput],
+    label: str,
+    why_none: str,
+    needs: str = "the host needs a POSIX sh, mktemp and cat",
+) -> list[CheckResult]:
+    """Each job's rows from its output in ``outputs`` (by index); a job without one gets a
+    FAIL saying ``why_none`` and what the batch ``needs``, one that timed out a FAIL/WARN."""
     results: list[CheckResult] = []
     for i, job in enumerate(jobs):
         out = outputs.get(i)
         if out is None:
-            detail = (res.stderr.strip() or res.stdout.strip())[-300:]
             results.append(
                 CheckResult(
                     job.name,
                     job.target or label,
                     Status.FAIL,
-                    f"probe produced no report (batch rc={res.rc}): {detail}",
-                    "the host needs a POSIX sh, mktemp and cat",
+                    f"probe produced no report ({why_none})",
+                    needs,
                 )
             )
         elif out.rc == TIMEOUT_RC:

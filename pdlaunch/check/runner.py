@@ -8,6 +8,8 @@ Flow (:func:`run_check`)::
         parameter builder over the plan's typed facts
     phase 1, one thread per host:  connect -> ONE shell round trip that runs, in parallel on
         the host, every planned job                                         -> batch.py
+        (the software probes of engines in a docker/podman container as one job per image
+        that runs them inside it                                            -> inside.py)
     phase 1b: the reachability probes each host is the source of (decode -> prefill NIXL
         side channel / Mooncake port, router -> every instance HTTP port, DP node -> master
         RPC), with every free target port held by a listener meanwhile       -> reach.py
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 
 from pdlaunch.check import probes as registry
 from pdlaunch.check.batch import Job, probe_job, run_jobs
+from pdlaunch.check.inside import image_jobs
 from pdlaunch.check.pairs import bandwidth_probes, pair_probes, skip_pair
 from pdlaunch.check.probes import select_probes
 from pdlaunch.check.probes.ports import REACH
@@ -64,13 +67,16 @@ class CheckOptions:
 
 def host_jobs(plan: Plan, t: HostTarget, opts: CheckOptions) -> list[Job]:
     """Every job the plan needs on host ``t``: the probes its families and transports
-    select, each with the calls its parameter builder makes of the host's plan facts."""
-    facts = host_facts(plan, t)
-    return [
+    select, each with the calls its parameter builder makes of the host's plan facts; the
+    probes of the software inside, for engines in a container, in their image (inside.py)."""
+    probes = select_probes(t.families, t.transports, scope="host", fast_only=opts.fast)
+    facts, own = host_facts(plan, t), host_facts(plan, t, t.on_host)
+    jobs = [
         probe_job(probe, t.label, call)
-        for probe in select_probes(t.families, t.transports, scope="host", fast_only=opts.fast)
-        for call in probe.calls(facts)
+        for probe in probes
+        for call in probe.calls(own if probe.inside else facts)
     ]
+    return jobs + image_jobs(plan, t, [p for p in probes if p.inside])
 
 
 class _Pool:
@@ -179,7 +185,7 @@ def _cluster(
     for probe in registry.PROBES:
         if probe.cluster is None:
             continue
-        planned = [t.label for t in hosts if any(j.probe is probe for j in jobs[t.key])]
+        planned = [t.label for t in hosts if any(probe in j.probes() for j in jobs[t.key])]
         if planned:
             out += probe.cluster(planned, [r for r in results if r.probe == probe.id])
     return out

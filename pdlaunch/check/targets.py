@@ -8,6 +8,10 @@ Which Python interpreter runs the version/reachability probes on a host, first m
 2. the ``python`` next to an instance's ``vllm_bin`` when that is a path
    (``/opt/venv/bin/vllm`` -> ``/opt/venv/bin/python``: the venv vLLM runs in);
 3. ``python3`` on the host's PATH.
+
+The same rule, over the processes of one image, picks the interpreter inside a container
+(check/inside.py); the host's own excludes the processes that run in a container, whose
+``vllm_bin`` is a path in their image.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pdlaunch.check.probes import HostFacts, families_of
 from pdlaunch.check.probes.ucx import uses_rdma
 from pdlaunch.hosts.pool import host_key
 from pdlaunch.plan.build import Plan, Process
+from pdlaunch.plan.containers import ENGINE_RUNTIMES
 
 PYTHON_ENV = "PDLAUNCH_PYTHON"
 
@@ -47,6 +52,11 @@ class HostTarget:
     @property
     def engines(self) -> list[Process]:
         return [x for x in self.processes if x.role != "router"]
+
+    @property
+    def on_host(self) -> list[Process]:
+        """Its processes that run on the host itself, not in a docker/podman container."""
+        return [x for x in self.processes if not in_container(x)]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -97,14 +107,25 @@ def _transports(plan: Plan, t: HostTarget) -> set[str]:
     return {"ucx"}
 
 
+def in_container(proc: Process) -> bool:
+    """The process runs in a container the host's docker/podman starts (pyxis runs the
+    step in its image under Slurm, which a check over SSH cannot enter)."""
+    return proc.container is not None and proc.container.runtime in ENGINE_RUNTIMES
+
+
 def probe_python(t: HostTarget) -> str:
     """The interpreter that runs the host's Python probes (see the module docstring)."""
-    for proc in t.processes:
+    return python_of(t.on_host, t.local)
+
+
+def python_of(processes: list[Process], local: bool) -> str:
+    """The interpreter the module docstring's rule picks among ``processes``."""
+    for proc in processes:
         if proc.env.get(PYTHON_ENV):
-            return _login_path(proc.env[PYTHON_ENV], t.local)
-    for proc in t.engines:
-        if proc.vllm_bin and "/" in proc.vllm_bin:
-            return _login_path(posixpath.join(posixpath.dirname(proc.vllm_bin), "python"), t.local)
+            return _login_path(proc.env[PYTHON_ENV], local)
+    for proc in processes:
+        if proc.role != "router" and proc.vllm_bin and "/" in proc.vllm_bin:
+            return _login_path(posixpath.join(posixpath.dirname(proc.vllm_bin), "python"), local)
     return "python3"
 
 
@@ -116,7 +137,7 @@ def _login_path(path: str, local: bool) -> str:
     return path
 
 
-def host_facts(plan: Plan, t: HostTarget) -> HostFacts:
-    return HostFacts(
-        t.label, tuple(t.processes), plan.kv_connector, plan.vllm_version, probe_python(t)
-    )
+def host_facts(plan: Plan, t: HostTarget, processes: list[Process] | None = None) -> HostFacts:
+    """The plan's facts on host ``t``; ``processes``: only these of its processes."""
+    procs = t.processes if processes is None else processes
+    return HostFacts(t.label, tuple(procs), plan.kv_connector, plan.vllm_version, probe_python(t))

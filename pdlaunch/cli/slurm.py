@@ -299,10 +299,14 @@ def options(
             extra_sbatch=tuple(given.get("sbatch_opt", ())),
             gpus_per_node=given.get("gpus_per_node"),
             cpus_per_node=given.get("cpus_per_node"),
+            container_support=given.get("container_support", "pyxis"),
+            oci_bundles=dict(given.get("oci_bundles") or {}),
             **extra,
         )
     except SlurmError as exc:
         bad_input(str(exc))
+    if opts.container_support == "auto":
+        opts = _container_support(opts)
     if opts.gpus_per_node is not None and opts.cpus_per_node is not None:
         return opts
     try:
@@ -324,6 +328,18 @@ def options(
     )
 
 
+def _container_support(opts: SlurmOptions) -> SlurmOptions:
+    """``auto`` made pyxis or oci by what this machine's srun offers (exit 2 without srun)."""
+    from pdlaunch.backends.slurm.client import pyxis_loaded
+    from pdlaunch.backends.slurm.record import SlurmRunError
+
+    try:
+        found = "pyxis" if pyxis_loaded() else "oci"
+    except SlurmRunError as exc:
+        bad_input(f"slurm container_support auto: cannot ask srun ({exc}); set pyxis or oci")
+    return dataclasses.replace(opts, container_support=found)
+
+
 # -- validate, render -----------------------------------------------------------------------------
 def validated(
     path: Path, flags: SlurmFlags, as_json: bool
@@ -334,6 +350,7 @@ def validated(
     error."""
     from pdlaunch.backends.slurm import job as slurm
     from pdlaunch.backends.slurm import rules as slurm_rules
+    from pdlaunch.backends.slurm.oci import bundle_findings
     from pdlaunch.plan.build import build_plan
     from pdlaunch.rules import SLURM_SKIP, has_errors, validate
 
@@ -345,6 +362,9 @@ def validated(
         refuse(path, findings, as_json, "Slurm")
     plan = build_plan(topo)
     findings += slurm_rules.validate(topo, plan, opts, source)
+    # Slurm's own containers: what each bundle's config.json lacks, read on this machine
+    findings += [dataclasses.replace(f, file=source.file, line=source.line(f.field))
+                 for f in bundle_findings(plan, opts)]  # fmt: skip
     findings.sort(key=lambda f: f.severity != "error")  # errors first, each in rule order
     if has_errors(findings):
         refuse(path, findings, as_json, "Slurm")

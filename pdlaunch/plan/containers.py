@@ -124,6 +124,23 @@ def run_argv(c: ContainerSpec, env_names: Iterable[str]) -> list[str]:
     ]  # fmt: skip
     for key, value in c.labels.items():
         argv += ["--label", f"{key}={value}"]
+    return [*argv, *_run_flags(c, env_names), c.image]
+
+
+def probe_argv(c: ContainerSpec, name: str, script: str) -> list[str]:
+    """A one-shot `run` of ``c``'s image for `check`: the flags `up` gives the process
+    (network, IPC, privileges, shm, devices, mounts, the device kind's variables, pass_env,
+    extra_args), so a probe inside sees what the engine will; its own ``name`` and none of
+    pdlaunch's labels or cidfile, so `status` and `down` never take it for the process. Its
+    command is ``sh -c SCRIPT`` whatever the image's ENTRYPOINT (vllm/vllm-openai's is
+    `vllm serve`): the probes need a shell, not the engine."""
+    argv = [c.runtime, "run", "--rm", "--pull=never", "--name", name]
+    return [*argv, *_run_flags(c, ()), "--entrypoint", "sh", c.image, "-c", script]
+
+
+def _run_flags(c: ContainerSpec, env_names: Iterable[str]) -> list[str]:
+    # one list for `up` and `check`: a flag added for the engine reaches the probes too
+    argv: list[str] = []
     if c.network_host:
         argv.append("--net=host")
     if c.ipc_host:
@@ -141,7 +158,7 @@ def run_argv(c: ContainerSpec, env_names: Iterable[str]) -> list[str]:
     for name in _dedupe([*env_names, *c.pass_env]):
         if name not in c.env:
             argv += ["--env", name]
-    return [*argv, *c.extra_args, c.image]
+    return [*argv, *c.extra_args]
 
 
 def pyxis_flags(c: ContainerSpec) -> list[str]:

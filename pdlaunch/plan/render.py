@@ -59,7 +59,12 @@ def container_argv(p: Process) -> list[str]:
     assert p.container is not None
     prepend = [prepend_var(k) for k in p.path_prepend]
     names = env_names(p.env, p.secret_env, prepend)
-    return [*run_argv(p.container, names), *in_container_argv(p.argv, list(p.path_prepend))]
+    run = run_argv(p.container, names)  # ends with the image
+    cmd = in_container_argv(p.argv, list(p.path_prepend))
+    # The plan's argv is the whole command, whatever the image's ENTRYPOINT (vllm/vllm-openai
+    # sets `vllm serve`, which would run `vllm serve vllm serve ...`): replaced, as pyxis
+    # (entrypoint off by default) and a pod's `command:` do.
+    return [*run[:-1], "--entrypoint", cmd[0], run[-1], *cmd[1:]]
 
 
 def template_environment() -> jinja2.Environment:

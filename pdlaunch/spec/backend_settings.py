@@ -10,7 +10,7 @@ the flags, so a bad value is named with its file, line and key.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -57,6 +57,27 @@ class SlurmSettings(BaseModel):
     cpus_per_node: int | None = Field(
         None, ge=1, description="CPU cores per node the partition offers (default: from sinfo)"
     )
+    container_support: Literal["pyxis", "oci", "auto"] | None = Field(
+        None,
+        description="How a step runs in its instance's container: pyxis (srun "
+        "--container-image, the default), oci (Slurm's own: srun --container=BUNDLE, "
+        "bundles from oci_bundles), auto (pyxis where srun offers it, else oci)",
+    )
+    oci_bundles: dict[str, str] | None = Field(
+        None,
+        description="Under container_support oci: each image the topology names -> the "
+        "absolute path of its OCI bundle directory on storage every node sees",
+    )
+
+    @field_validator("oci_bundles", mode="after")
+    @classmethod
+    def _bundles(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        if v:
+            try:
+                SlurmOptions(oci_bundles=v)
+            except SlurmError as exc:
+                raise ValueError(str(exc)) from None
+        return v
 
     @field_validator("time", "mem", mode="after")
     @classmethod

@@ -23,6 +23,18 @@ _TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|UNLIMITED|INFINITE", re.I
 _MEM = re.compile(r"\d+[KMGT]?", re.IGNORECASE)
 
 
+# How a step whose instance has a `container:` (runtime pyxis) runs in it: pyxis's SPANK plugin
+# (srun --container-image=IMAGE, github.com/NVIDIA/pyxis), or Slurm's own OCI support (srun
+# --container=BUNDLE, Slurm 21.08+, slurm.schedmd.com/containers.html "Requesting container
+# jobs or steps"), which runs an OCI bundle directory already on the node, never an image
+# name; "auto": pyxis where srun offers its flags, else Slurm's own (docs/slurm-containers.md).
+CONTAINER_SUPPORT = ("pyxis", "oci", "auto")
+# An OCI bundle path goes on an srun line of the driver (quoted there): absolute, and no
+# character that a site's oci.conf pattern (%b, handed to a shell by some RunTimeRun
+# wrappers) could read as more than a path.
+_BUNDLE = re.compile(r"/[A-Za-z0-9_.,:=@+/-]*")
+
+
 class SlurmError(ValueError):
     """A Slurm option or plan this backend cannot turn into a job; the message is for users."""
 
@@ -54,6 +66,10 @@ class SlurmOptions:
     gres: Mapping[str, str] = field(default_factory=lambda: {"hpu": "hpu", "npu": "npu"})
     extra_sbatch: tuple[str, ...] = ()
     start_timeout: int = 1800
+    # CONTAINER_SUPPORT; oci_bundles: image (as the topology names it) -> the absolute path
+    # of its OCI bundle (config.json + rootfs) on storage every node sees.
+    container_support: str = "pyxis"
+    oci_bundles: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         named = {
@@ -103,3 +119,18 @@ class SlurmOptions:
                 raise SlurmError(f"slurm {what} must be at least 1, not {n}")
         if self.start_timeout < 1:
             raise SlurmError(f"slurm start_timeout must be at least 1 s, not {self.start_timeout}")
+        self._check_containers()
+
+    def _check_containers(self) -> None:
+        if self.container_support not in CONTAINER_SUPPORT:
+            raise SlurmError(
+                f"slurm container_support {self.container_support!r}: give "
+                f"{', '.join(CONTAINER_SUPPORT)}"
+            )
+        for image, bundle in self.oci_bundles.items():
+            if not _BUNDLE.fullmatch(bundle) or "/../" in f"{bundle}/":
+                raise SlurmError(
+                    f"slurm oci_bundles[{image!r}] {bundle!r}: give the absolute path of the OCI "
+                    "bundle directory (config.json + rootfs) on storage every node sees, of "
+                    "letters, digits and _.,:=@+/- without '..' (srun --container=PATH)"
+                )

@@ -93,9 +93,12 @@ def test_ucx_probe_loads_ucx_the_way_the_engine_will():
     topo, _ = load(root / "topologies" / "gaudi-prefill-cuda-decode.yaml")
     plan = build_plan(topo)
     gaudi = next(h for h in group_hosts(plan) if h.label.startswith("10.0.0.2"))
-    (job,) = [
-        j for j in host_jobs(plan, gaudi, CheckOptions(fast=True)) if j.name == "ucx.transports"
+    # the engine runs in the guide's image: so does the probe of the UCX it loads
+    (outer,) = [
+        j for j in host_jobs(plan, gaudi, CheckOptions(fast=True)) if j.name.startswith("docker ")
     ]
+    assert "; docker run --rm --pull=never --name pdl-gaudi-cuda-check-" in outer.command
+    (job,) = [j for j in outer.inner if j.name == "ucx.transports"]
     assert job.command.startswith(
         "export LD_LIBRARY_PATH=/tmp/ucx_install/lib:/opt/nvidia/nvda_nixl/lib/x86_64-linux-gnu"
         "${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; PATH=/tmp/ucx_install/bin:"

@@ -236,9 +236,10 @@ def test_script_runs_the_plans_argv_in_the_container_with_env_by_name(tmp_path: 
     assert res.returncode == 0, res.stderr
     argv = (tmp_path / "argv").read_text().split("\0")[:-1]
     image = argv.index("localhost/pdl-engine:1")
-    # The engine's argv is the plan's, unchanged, after the image.
-    assert argv[image + 1 :] == p.argv
     run = argv[:image]
+    # The engine's argv is the plan's, unchanged: its first word replaces the image's
+    # ENTRYPOINT (vllm/vllm-openai's `vllm serve` would run before it), the rest follow.
+    assert [run[run.index("--entrypoint") + 1], *argv[image + 1 :]] == p.argv
     assert run[:3] == ["run", "--rm", "--pull=never"]
     assert run[run.index("--name") + 1] == "pdl-ctr-prefill-0"
     assert run[run.index("--cidfile") + 1] == p.container.cid_path
@@ -297,7 +298,9 @@ def test_ld_library_path_is_prepended_inside_to_the_images_own():
     from pdlaunch.plan.render import container_argv
 
     argv = container_argv(p)
-    inner = argv[argv.index("sh") :]
+    image = argv.index(p.container.image)
+    inner = [argv[argv.index("--entrypoint") + 1], *argv[image + 1 :]]
+    assert inner[0] == "sh"
     res = subprocess.run(
         [
             *inner[:4],

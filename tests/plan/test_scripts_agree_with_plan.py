@@ -243,10 +243,12 @@ def test_rendered_scripts_agree_with_header_and_plan(loader):
         assert not set(p["secret_env"]) & set(p["env"])
 
         # Argv: the exec line is the plan's argv, word for word (in a container: the
-        # runtime's `run`, then the plan's argv as its last words).
+        # runtime's `run` with the argv's first word as --entrypoint, the rest its last words).
         if proc.container is not None:
             assert argv == container_argv(proc)
-            assert argv[len(argv) - len(p["argv"]) :] == p["argv"]
+            cmd = [argv[argv.index("--entrypoint") + 1],
+                   *argv[argv.index(proc.container.image) + 1 :]]  # fmt: skip
+            assert cmd[len(cmd) - len(p["argv"]) :] == p["argv"]
             argv = p["argv"]
         assert argv == p["argv"]
 

@@ -39,10 +39,14 @@ args = sys.argv[1:]
 if args[:1] == ["container"]:
     sys.exit(1)  # no earlier container
 assert args[0] == "run", args
-VALUED = {{"--name", "--cidfile", "--label", "--shm-size", "--device", "-v", "--env", "-e"}}
+VALUED = {{"--name", "--cidfile", "--label", "--shm-size", "--device", "-v", "--env", "-e",
+          "--entrypoint"}}
 env = {image_env}
+entry = []
 i = 1
 while args[i].startswith("-"):
+    if args[i] == "--entrypoint":
+        entry = [args[i + 1]]
     if args[i] in VALUED:
         if args[i] in ("--env", "-e"):
             name, eq, val = args[i + 1].partition("=")
@@ -53,7 +57,7 @@ while args[i].startswith("-"):
         i += 2
     else:
         i += 1
-argv = args[i + 1:]
+argv = entry + args[i + 1:]
 os.execvpe(argv[0], argv, env)
 """
 

@@ -74,6 +74,15 @@ def node_address(node: str) -> str:
     return node
 
 
+def pyxis_loaded() -> bool:
+    """Whether srun here offers pyxis's options: a SPANK plugin's options are listed under
+    "Options provided by plugins:" in ``srun --help`` (Slurm src/common/spank.c,
+    spank_print_options), and pyxis registers ``container-image`` (github.com/NVIDIA/pyxis,
+    README "Usage"). Sites with pyxis should have no oci.conf (slurm.schedmd.com/
+    containers.html, "Container support via Plugin"), so its absence means Slurm's own."""
+    return "--container-image" in slurm_output(["srun", "--help"])
+
+
 def partition_limits(partition: str | None = None) -> tuple[int | None, int | None]:
     """(GPUs, CPUs) per node of the partition's smallest node, from sinfo, for
     `SlurmOptions.gpus_per_node` / ``cpus_per_node``; None where sinfo does not say."""

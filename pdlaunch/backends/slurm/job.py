@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from pdlaunch import __version__
+from pdlaunch.backends.slurm.oci import oci_flags, uses_oci
 from pdlaunch.hosts.shell import EXEC_OWNED
 from pdlaunch.plan.build import Plan, Process
 from pdlaunch.plan.containers import pyxis_flags
@@ -320,11 +321,12 @@ class _Step:
     var: str = "-"
     devs: str = "-"
     bind: str = "-"
-    # pyxis's srun flags when the process runs in a pyxis container (containers.py).
+    # srun's container flags when the process runs in a Slurm step container: pyxis's
+    # (containers.py), or Slurm's own --container=BUNDLE (oci.py, slurm.container_support).
     container: tuple[str, ...] = ()
 
 
-def _step(p: Process, c: Component, node: int, het: bool) -> _Step:
+def _step(p: Process, c: Component, node: int, het: bool, opts: SlurmOptions) -> _Step:
     url = urlsplit(p.health_url) if p.health_url else None
     var = profile(p.device).visible_devices_var if p.device else None
     return _Step(
@@ -343,7 +345,7 @@ def _step(p: Process, c: Component, node: int, het: bool) -> _Step:
         var=var if var and var in p.env else "-",
         devs=",".join(str(d) for d in p.devices) if var and var in p.env else "-",
         bind=p.env.get(CPU_BIND, "-"),
-        container=_pyxis(p),
+        container=oci_flags(p, opts) if uses_oci(p, opts) else _pyxis(p),
     )
 
 
@@ -417,9 +419,9 @@ def sbatch_script(plan: Plan, opts: SlurmOptions) -> str:
                 f"the work dir in {o!r} cannot be written into an #SBATCH line: use a path of "
                 "letters, digits and _.,:=@%+/- only"
             )
-    steps = [_step(p, c, c.node_of(p), het) for c in comps for p in c.processes]
+    steps = [_step(p, c, c.node_of(p), het, opts) for c in comps for p in c.processes]
     r = plan.router
-    router = _step(r, comps[0], 0, het)
+    router = _step(r, comps[0], 0, het, opts)
 
     def nodelist_var(index: int) -> str:
         return f"SLURM_JOB_NODELIST_HET_GROUP_{index}" if het else "SLURM_JOB_NODELIST"

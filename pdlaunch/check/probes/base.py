@@ -47,12 +47,14 @@ class ProbeContext:
               tool is then FAIL instead of SKIP
     params:   probe specific expectations (documented on each evaluator)
     probe:    the probe's id, set by :meth:`Probe.judge` (result rows carry it)
+    where:    where the command ran, as absence messages say it ("on host", "in the image")
     """
 
     target: str
     required: bool = True
     params: Mapping[str, Any] = field(default_factory=dict)
     probe: str = ""
+    where: str = "on host"
 
 
 Evaluator = Callable[[CommandOutput, ProbeContext], list[CheckResult]]
@@ -139,6 +141,11 @@ class Probe:
                cannot run
     cluster:   ``(hosts the probe was planned on, its results) -> rows`` compared across
                hosts once every host reported
+    inside:    it judges the software an engine runs with (its Python, vLLM, NIXL, UCX, the
+               model path it opens), so for engines in a docker/podman container it runs in
+               their image with `up`'s flags (check/inside.py); hardware, ports and
+               reachability are the host's own, which --net=host and the device flags hand
+               through unchanged
     """
 
     id: str
@@ -157,6 +164,7 @@ class Probe:
     calls: Callable[[HostFacts], list[Call]] = one_call
     pair_call: Callable[[Process, Process, str, Sequence[CheckResult]], Call | str] | None = None
     cluster: Callable[[Sequence[str], Sequence[CheckResult]], list[CheckResult]] | None = None
+    inside: bool = False
 
     @property
     def family(self) -> str:
@@ -195,7 +203,7 @@ def tool_missing(out: CommandOutput) -> bool:
 
 def absent(ctx: ProbeContext, tool: str, fix: str) -> list[CheckResult]:
     if ctx.required:
-        return [row(ctx, Status.FAIL, f"{tool} not found on host", fix)]
+        return [row(ctx, Status.FAIL, f"{tool} not found {ctx.where}", fix)]
     return [row(ctx, Status.SKIP, f"{tool} not found (not needed by the plan here)")]
 
 

@@ -69,6 +69,9 @@ def _calls(facts: HostFacts) -> list[Call]:
     return [Call({"path": m}) for m in paths if is_local_path(m)]
 
 
-PATH = Probe("model.path", "local model path", _cmd, eval_model_path, "ls", calls=_calls)
+# inside: an engine in a container opens the path through its mounts
+PATH = Probe(
+    "model.path", "local model path", _cmd, eval_model_path, "ls", calls=_calls, inside=True
+)
 
 PROBES = (PATH,)

@@ -272,23 +272,31 @@ def eval_ucx_env(out: CommandOutput, ctx: ProbeContext) -> list[CheckResult]:
     env = parse_env(out.stdout)
     planned: Mapping[str, str] = ctx.params.get("planned_env") or {}
     stray = {k: v for k, v in env.items() if k.startswith("UCX_")}
+    # In a container the login environment stays outside (variables go in by name); what
+    # reaches the engine unasked is the image's own ENV.
+    inside = ctx.where != "on host"
+    where = "the image's environment" if inside else "the host environment"
+    fix_at = (
+        "the image (its ENV)"
+        if inside
+        else "the login environment (~/.bashrc, /etc/environment, modules)"
+    )
     if not stray:
-        return [row(ctx, Status.OK, "no UCX_* variables in the host environment")]
+        return [row(ctx, Status.OK, f"no UCX_* variables in {where}")]
     results = []
     for k, v in sorted(stray.items()):
         if k in planned and str(planned[k]) == v:
             continue
         if k in planned:
-            msg = f"host environment sets {k}={v}; the plan sets {k}={planned[k]}"
+            msg = f"{where} sets {k}={v}; the plan sets {k}={planned[k]}"
         else:
-            msg = f"stray {k}={v} in the host environment (not in the plan)"
+            msg = f"stray {k}={v} in {where} (not in the plan)"
         results.append(
             row(
                 ctx,
                 Status.WARN,
                 msg,
-                f"remove {k} from the login environment (~/.bashrc, /etc/environment, "
-                "modules) or set it explicitly in the topology",
+                f"remove {k} from {fix_at} or set it explicitly in the topology",
                 var=k,
                 value=v,
             )
@@ -344,6 +352,8 @@ def _cmd_transports(params: Mapping[str, Any]) -> str:
 
 
 def _env_calls(facts: HostFacts) -> list[Call]:
+    if not facts.engines:
+        return []  # the host's engines all run in containers: it is their image's env
     planned: dict[str, str] = {}
     for proc in facts.processes:
         planned.update(proc.env)
@@ -367,6 +377,7 @@ TRANSPORTS = Probe(
     needs=_UCX,
     timeout_s=60.0,
     calls=_transports_calls,
+    inside=True,
 )
 ENV = Probe(
     "ucx.env",
@@ -376,6 +387,7 @@ ENV = Probe(
     "env",
     needs=_UCX,
     calls=_env_calls,
+    inside=True,
 )
 
 PROBES = (TRANSPORTS, ENV)

@@ -229,6 +229,7 @@ VERSIONS = Probe(
     timeout_s=60.0,
     calls=_calls,
     cluster=_cluster,
+    inside=True,
 )
 
 PROBES = (VERSIONS,)

@@ -202,6 +202,7 @@ ARGV = Probe(
     timeout_s=180.0,
     fast=False,
     calls=_calls,
+    inside=True,
 )
 
 PROBES = (ARGV,)

@@ -257,3 +257,25 @@ def test_kill_9_of_pdlaunch_mid_start_then_down_removes_everything(make) -> None
     down = d.cli("down", str(d.topology))
     assert down.returncode == 0, down.stdout + down.stderr
     assert _containers(d.name) == [] and _engine_pids(d) == []
+
+
+def test_the_images_entrypoint_does_not_run_before_the_engine(make) -> None:
+    # vllm/vllm-openai sets ENTRYPOINT ["vllm", "serve"]: `run IMAGE vllm serve ...` would run
+    # `vllm serve vllm serve ...`. The plan's argv replaces the entrypoint (--entrypoint), so an
+    # image whose entrypoint fails at once still runs the engine.
+    tag = f"localhost/pdlaunch-entrypoint:{uuid.uuid4().hex[:8]}"
+    made = _podman("create", "--entrypoint", '["/usr/bin/false"]', IMAGE)
+    assert made.returncode == 0, made.stderr
+    try:
+        assert _podman("commit", "-q", made.stdout.strip(), tag).returncode == 0
+    finally:
+        _podman("rm", "-f", made.stdout.strip())
+    try:
+        d = make(image=tag)
+        up = d.cli("up", str(d.topology), "--json", "--skip-check")
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert json.loads(up.stdout)["canary"]["ok"]
+        assert d.cli("down", str(d.topology)).returncode == 0
+        assert _containers(d.name) == []
+    finally:
+        _podman("rmi", "-f", tag)
