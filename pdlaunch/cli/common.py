@@ -9,7 +9,6 @@ imported by the helpers that use them.
 from __future__ import annotations
 
 import inspect
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -19,6 +18,8 @@ import typer.core
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from pdlaunch.fsutil import dumps_json_finite
 
 if TYPE_CHECKING:
     from pdlaunch.hosts import HostPool
@@ -106,7 +107,8 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def print_json(data: object) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    # NaN/Infinity are not JSON: a counter or a benchmark that gave one prints null.
+    sys.stdout.write(dumps_json_finite(data, indent=2, sort_keys=True) + "\n")
 
 
 def print_error(message: str) -> None:

@@ -39,6 +39,7 @@ frontends) as differences of means, marked derived.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -342,9 +343,19 @@ def fabric_gbps_from_check(report: dict[str, Any]) -> float | None:
         if isinstance(r, dict)
         and r.get("probe") == IB_WRITE_BW_PROBE
         and isinstance(r.get("data"), dict)
-        and isinstance(r["data"].get("avg_gbps"), (int, float))
+        and _positive(r["data"].get("avg_gbps"))
     ]
     return min(rates) if rates else None
+
+
+def _positive(value: object) -> bool:
+    # A rate of 0, below 0 or not finite (a hand-edited report) is no measurement.
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
 
 
 def _ms(v: float | None, bound: str = "") -> str:

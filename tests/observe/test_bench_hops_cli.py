@@ -5,6 +5,8 @@ vllm-router's metrics port, serving /metrics captured around a real run
 from __future__ import annotations
 
 import json
+import os
+import resource
 import stat
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -121,3 +123,80 @@ def test_a_fabric_report_without_bandwidth_is_bad_input(topology: Path, tmp_path
     res = CliRunner().invoke(app, ["bench", str(topology), "--fabric", str(report)])
     assert res.exit_code == 2
     assert "no ib_write_bw result" in res.output and "Traceback" not in res.output
+
+
+# -- files handed to bench, files bench writes (issue 32) -----------------------------------------
+def test_planted_symlinks_under_out_are_replaced_and_their_targets_untouched(
+    topology: Path, tmp_path: Path
+):
+    out = tmp_path / "result"
+    out.mkdir()
+    victims = {name: tmp_path / f"victim-{name}" for name in ("bench.json", "hops.svg")}
+    for name, victim in victims.items():
+        victim.write_text("precious\n")
+        (out / name).symlink_to(victim)
+    res = CliRunner().invoke(
+        app, ["bench", str(topology), "--num-prompts", "40", "--json", "--out", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    for name, victim in victims.items():
+        assert victim.read_text() == "precious\n"
+        assert not (out / name).is_symlink()
+    assert json.loads((out / "bench.json").read_text())["completed"] == 40
+
+
+def _fabric_case(tmp_path: Path, kind: str) -> Path:
+    path = tmp_path / f"fabric-{kind}"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "sparse":
+        with open(path, "wb") as f:
+            f.truncate(1 << 30)  # 1 GiB, sparse: costs no disk
+    elif kind == "deep":
+        path.write_text("[" * 100_000 + "]" * 100_000)
+    elif kind == "infinity":
+        path.write_text(
+            '{"results": [{"probe": "bandwidth.ib_write_bw", "data": {"avg_gbps": 1e999}}]}'
+        )
+    elif kind == "zero":
+        return Path("/dev/zero")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "says"),
+    [
+        ("fifo", "is not a regular file (a FIFO)"),
+        ("sparse", "at most 16,777,216 are read"),
+        ("deep", "nests deeper than"),
+        ("infinity", "beyond a float's range"),
+        ("zero", "is not a regular file (a character device)"),
+    ],
+)
+def test_a_hostile_fabric_file_is_one_line_of_bad_input(
+    topology: Path, tmp_path: Path, kind: str, says: str
+):
+    path = _fabric_case(tmp_path, kind)
+    rss_before = _max_rss_mb()
+    done: list[object] = []
+    # A FIFO with no writer must not hang the command: run it where a hang fails the test.
+    t = threading.Thread(
+        target=lambda: done.append(
+            CliRunner().invoke(app, ["bench", str(topology), "--fabric", str(path)])
+        ),
+        daemon=True,
+    )
+    t.start()
+    t.join(30)
+    assert done, "bench hung on the --fabric file"
+    res = done[0]
+    assert res.exit_code == 2, res.output
+    assert says in res.output and "--fabric report" in res.output
+    assert "Traceback" not in res.output
+    (line,) = [ln for ln in res.output.splitlines() if "error" in ln]
+    assert str(path) in line
+    assert _max_rss_mb() - rss_before < 100
+
+
+def _max_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
