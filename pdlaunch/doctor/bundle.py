@@ -58,14 +58,8 @@ _VALUE = r"[^\s\"',;&{}()\[\]]+"
 # ``"--api-key", "VALUE"`` (JSON or Python lists, over lines too). The ``=``/``:`` forms are
 # the key pattern's. A value that is the next flag, a reference or a redaction is left.
 FLAG_VALUE = re.compile(
-    r"(?i)(--?[a-z0-9_-]*"
-    + _CRED
-    + r"""["']?(?:\s+["']?|\s*,\s*["']))"""
-    + r"(?!-|\$|\[REDACTED\])"
-    + _NAMES_A_VARIABLE
-    + "("
-    + _VALUE
-    + ")"
+    r"(?i)(--?[a-z0-9_-]*" + _CRED + r"""["']?(?:\s+["']?|\s*,\s*["']))"""
+    + r"(?!-|\$|\[REDACTED\])" + _NAMES_A_VARIABLE + "(" + _VALUE + ")"
 )
 KEY_VALUE = re.compile(
     r"(?i)(" + _CRED + _SEP + r")" + _KEEP + _NAMES_A_VARIABLE + "(" + _VALUE + ")"
