@@ -23,6 +23,15 @@ from tests.support.fake_bench_client import FAKE_VLLM
 HOPS = Path(__file__).resolve().parents[1] / "fixtures" / "bench" / "hops"
 CLIENT = json.loads((HOPS / "bench_client.json").read_text())
 PAGES = {"prefill": "prefill-0", "decode": "decode-0", "metrics": "router", "router": None}
+# The hops excerpts hold only histograms; bench's verdict reads counters too (a decode whose
+# request counter does not move proves nothing, issue 32). The same day's 1P2D capture
+# (tests/fixtures/bench/SOURCES.md) gives them: its bench run, before -> mid (decode-0 served
+# 20 requests, all loaded over the connector).
+COUNTERS = {
+    name: {"before": (HOPS.parent / f"{name}_before.txt").read_text(),
+           "after": (HOPS.parent / f"{name}_mid.txt").read_text()}
+    for name in ("prefill-0", "decode-0")
+}  # fmt: skip
 
 
 @pytest.fixture
@@ -40,6 +49,8 @@ def topology(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
                 if self.path == "/metrics" and self.page:
                     stage = "after" if marker.exists() else "before"
                     body = (HOPS / f"{self.page}_{stage}.txt").read_text()
+                    if self.page != "router":
+                        body += COUNTERS[self.page][stage]
                 data = body.encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(data)))
