@@ -291,3 +291,15 @@ def test_read_log_of_one_endless_line_comes_back_bounded(host, tmp_path):
     assert host.read_log(str(log), lines=1) == "last line\n"
     text = host.read_log(str(log), lines=5)
     assert text.endswith("last line\n") and len(text) <= LOG_TAIL_MAX_BYTES
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link"])
+def test_follow_log_refuses_what_read_log_refuses(host, tmp_path, kind):
+    log = tmp_path / "engine.log"
+    if kind == "fifo":
+        os.mkfifo(log)
+    else:
+        (tmp_path / "private").write_text("not a log\n")
+        log.symlink_to(tmp_path / "private")
+    with pytest.raises(HostError, match="cannot follow"):
+        host.follow_log(str(log), lines=1)
