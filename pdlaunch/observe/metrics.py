@@ -1,4 +1,5 @@
-"""Prometheus histograms from /metrics text: parse, subtract (after - before), quantiles.
+"""Prometheus samples from /metrics text: counters and histograms read as evidence; histograms
+subtracted (after - before) and their quantiles estimated.
 
 Pure functions. A histogram family ``x`` is exposed by prometheus_client as cumulative
 ``x_bucket{le="..."}`` samples, ``x_sum`` and ``x_count``; samples of every label set (vLLM

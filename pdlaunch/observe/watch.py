@@ -85,7 +85,12 @@ class Counters:
 
     def no_evidence(self) -> str:
         """Why these counters prove nothing, for a person (one line)."""
-        return "its /metrics is no evidence: " + "; ".join(self.problems)
+        more = len(self.problems) - 3
+        return (
+            "its /metrics is no evidence: "
+            + "; ".join(self.problems[:3])
+            + (f" (and {more} more)" if more > 0 else "")
+        )
 
     def __sub__(self, other: Counters) -> Counters:
         return Counters(
