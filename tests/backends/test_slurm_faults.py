@@ -418,3 +418,35 @@ def test_a_job_log_that_is_no_log_is_read_bounded(tmp_path: Path, kind: str) -> 
         assert done[0].endswith("the end") and len(done[0]) <= jobs.TAIL_BYTES
     else:
         assert done[0] == f"(cannot read {log}: not a regular file)"
+
+
+def test_the_doctor_reads_job_scripts_bounded_and_never_through_a_link(
+    fake_slurm: FakeSlurm, fake_bins, tmp_path: Path
+) -> None:
+    # issue 32: the doctor read each job script whole and through links: a FIFO planted in
+    # the work dir hung it, a link put any file of the user's into the shared bundle.
+    from pdlaunch.backends.slurm.doctor import SCRIPT_MAX_BYTES, slurm_state
+    from pdlaunch.runtime import record_store
+
+    plan = _plan(tmp_path, fake_bins, name="docreads", secret=False)
+    jobs.submit(plan, _opts(), _environ())
+    rec = record_store.find(plan.deployment, place=False)
+    assert rec is not None and rec.native is not None
+    prefill, decode, router = (rec.native.process(p.name).script_path for p in rec.processes)
+    private = tmp_path / "private"
+    private.write_text("the user's own secret\n")
+    for path in (prefill, decode, router):
+        os.unlink(path)
+    os.mkfifo(prefill)
+    Path(decode).symlink_to(private)
+    with open(router, "wb") as f:
+        f.truncate(SCRIPT_MAX_BYTES + 1)
+    done: list = []
+    reader = threading.Thread(target=lambda: done.append(slurm_state(rec)), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert done, "the doctor blocked reading a job script"
+    scripts = done[0].scripts
+    assert Path(rec.native.script).name in scripts  # the driver, as pdlaunch wrote it
+    assert not {Path(p).name for p in (prefill, decode, router)} & set(scripts)
+    assert "secret" not in "".join(scripts.values())
