@@ -200,3 +200,22 @@ def read_json_bounded(
     except UnicodeDecodeError:
         raise ReadRefused(f"{what} {os.fspath(path)!r} is not UTF-8 text") from None
     return loads_json_bounded(text, max_depth=max_depth, what=f"{what} {os.fspath(path)!r}")
+
+
+def finite(value: object) -> object:
+    """``value`` with every NaN or infinite float (at any depth of dicts, lists and tuples)
+    replaced by None: JSON has no such numbers, and a reader (jq, JavaScript, Python's
+    strict parsers) refuses the ``NaN``/``Infinity`` that ``json.dumps`` writes by default."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def dumps_json_finite(value: object, **kwargs: object) -> str:
+    """``json.dumps`` of :func:`finite` ``(value)``, with ``allow_nan=False`` so that a value the
+    walk did not reach fails here instead of writing a document that is not JSON."""
+    return json.dumps(finite(value), allow_nan=False, **kwargs)  # type: ignore[arg-type]

@@ -6,7 +6,6 @@ decode instead of loaded over the KV connector (benchdisagg.py): not a PD result
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -28,6 +27,7 @@ from pdlaunch.cli.common import (
     print_json,
 )
 from pdlaunch.cli.options import BenchTimeoutOpt, JsonOpt, TopologyArg
+from pdlaunch.fsutil import ReadRefused, atomic_write, dumps_json_finite, read_json_bounded
 from pdlaunch.hosts import HostError, LocalHost
 from pdlaunch.observe import bench, lease_budget
 from pdlaunch.observe import bench_disagg as benchdisagg
@@ -39,6 +39,9 @@ from pdlaunch.plan.build import Plan
 from pdlaunch.rules import SLURM_SKIP
 from pdlaunch.runtime import record, record_store
 from pdlaunch.runtime.state import StateError
+
+# A `check --bandwidth --json` report is a few KB per host pair; far more is not one.
+FABRIC_MAX_BYTES = 16 << 20
 
 # The run completed but was not (entirely) disaggregated: its numbers are not a PD result.
 EXIT_NOT_DISAGGREGATED = 3
@@ -221,9 +224,9 @@ def _fabric(path: Path | None) -> float | None:
     if path is None:
         return None
     try:
-        report = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        bad_input(f"--fabric {path}: {exc}")
+        report = read_json_bounded(path, FABRIC_MAX_BYTES, what="--fabric report")
+    except ReadRefused as exc:
+        bad_input(str(exc))
     gbps = benchhops.fabric_gbps_from_check(report) if isinstance(report, dict) else None
     if gbps is None:
         bad_input(f"--fabric {path}: no ib_write_bw result (`pdlaunch check --bandwidth --json`)")
@@ -300,11 +303,16 @@ def _save(
 ) -> list[Path]:
     if out_dir is None:
         return []
+    data, plot = out_dir / bench.RESULT_FILENAME, out_dir / "hops.svg"
     try:
+        # Both made whole before either is written: a plot that cannot be drawn leaves no
+        # result behind that the plot's absence would contradict.
+        texts = [dumps_json_finite(doc, indent=2) + "\n", hopsplot.svg(hops, title)]
         out_dir.mkdir(parents=True, exist_ok=True)
-        data, plot = out_dir / bench.RESULT_FILENAME, out_dir / "hops.svg"
-        data.write_text(json.dumps(doc, indent=2) + "\n")
-        plot.write_text(hopsplot.svg(hops, title))
+        # A user-named directory: a bench.json or hops.svg planted there as a symlink is
+        # replaced, never written through.
+        for path, text in zip((data, plot), texts, strict=True):
+            atomic_write(path, text, 0o644)
     except OSError as exc:
         _fail(f"cannot write the result to {out_dir}: {exc}", quiet)
     return [data, plot]

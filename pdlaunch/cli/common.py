@@ -9,7 +9,6 @@ imported by the helpers that use them.
 from __future__ import annotations
 
 import inspect
-import json
 import sys
 import textwrap
 from pathlib import Path
@@ -18,6 +17,8 @@ from typing import TYPE_CHECKING, NoReturn
 import typer
 import typer.core
 from rich.markup import escape
+
+from pdlaunch.fsutil import dumps_json_finite
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -127,7 +128,8 @@ err: Console = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)  # typ
 
 
 def print_json(data: object) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    # NaN/Infinity are not JSON: a counter or a benchmark that gave one prints null.
+    sys.stdout.write(dumps_json_finite(data, indent=2, sort_keys=True) + "\n")
 
 
 def print_error(message: str) -> None:

@@ -37,6 +37,7 @@ from pdlaunch import __version__
 from pdlaunch.doctor.collect import TopologyFile
 from pdlaunch.doctor.diagnose import Finding
 from pdlaunch.doctor.evidence import Evidence
+from pdlaunch.fsutil import dumps_json_finite
 from pdlaunch.plan.render import plan_json, render_plan
 from pdlaunch.runtime.record import Record
 from pdlaunch.runtime.state import DeploymentState
@@ -155,7 +156,8 @@ def _safe(name: str) -> str:
 
 
 def _json(data: Any) -> str:
-    return json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
+    # A metrics value that was NaN or infinite is null: the bundle's JSON stays JSON.
+    return dumps_json_finite(data, indent=2, sort_keys=True, default=str) + "\n"
 
 
 def summary(findings: list[Finding]) -> str:

@@ -11,15 +11,21 @@ from .errors import HostError
 from .shell import sh_quote_path, with_args
 from .transport import Stream, Transport
 
+# The most of a log's end that is read: doctor asks 500 lines, `logs` 50; engine log lines are
+# well under a KB, so 4 MiB holds them, and a log of one endless line does not come back whole.
+LOG_TAIL_MAX_BYTES = 4 << 20
+
 
 class LogReading(Transport):
     """Log files on a host, on top of its transport."""
 
-    def read_log(self, path: str, lines: int = 50) -> str:
-        """The last ``lines`` lines of a file (``""`` if it does not exist; HostError if it is
-        a symbolic link, which is not followed)."""
+    def read_log(self, path: str, lines: int = 50, max_bytes: int = LOG_TAIL_MAX_BYTES) -> str:
+        """The last ``lines`` lines of a file, from its last ``max_bytes`` bytes at most (``""``
+        if it does not exist; HostError if it is a symbolic link, which is not followed, or
+        not a regular file)."""
         res = self._exec(
-            with_args("read-log.sh", sh_quote_path(path), str(int(lines))), timeout=60
+            with_args("read-log.sh", sh_quote_path(path), str(int(lines)), str(int(max_bytes))),
+            timeout=60,
         )
         if res.rc != 0:
             raise HostError(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shlex
 import shutil
@@ -26,12 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pdlaunch.fsutil import ReadRefused, json_depth, read_bounded
 from pdlaunch.hosts import CommandTimeout, Host, HostError
 from pdlaunch.plan.build import Plan
 
 DEFAULT_NUM_PROMPTS = 8
 MAX_NUM_PROMPTS = 1000  # bounded: a launcher's smoke benchmark, not a load test
 RESULT_FILENAME = "bench.json"
+# vllm bench's result is a few KB (more with --save-detailed, per request): far more is not one.
+RESULT_MAX_BYTES = 64 << 20
 
 LATENCY_METRICS = ("ttft", "itl", "tpot", "e2el")
 STATS = ("mean", "median", "p99")
@@ -238,7 +242,7 @@ def parse_result(data: dict[str, Any]) -> BenchResult:
     metrics: dict[str, float] = {}
     for key in metric_keys():
         value = data.get(key)
-        if isinstance(value, (int, float)):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
             metrics[key] = float(value)
     missing = [k for k in ("mean_ttft_ms", *THROUGHPUT_KEYS) if k not in metrics]
     if missing:
@@ -247,27 +251,44 @@ def parse_result(data: dict[str, Any]) -> BenchResult:
         if isinstance(data.get(key), (int, float)):
             metrics[key] = float(data[key])
     return BenchResult(
-        completed=int(data.get("completed") or 0),
-        failed=int(data.get("failed") or 0),
-        duration_s=float(data.get("duration") or 0.0),
+        completed=_count(data, "completed"),
+        failed=_count(data, "failed"),
+        duration_s=_count(data, "duration", float),
         metrics=metrics,
         raw=data,
     )
 
 
+def _count(data: dict[str, Any], key: str, kind: type = int) -> Any:
+    """A count or duration of the result: a finite number >= 0 (absent: 0). The client's
+    JSON may hold anything (NaN for a statistic of no samples): no traceback for it."""
+    value = data.get(key) or 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BenchError(f"benchmark result's {key} is not a number: {str(value)[:40]}")
+    if not math.isfinite(value) or value < 0 or value > 2**53:
+        raise BenchError(f"benchmark result's {key} is {value!r}: not a count")
+    return kind(value)
+
+
 def parse_text(text: str, where: str) -> BenchResult:
     """:func:`parse_result` of the JSON text read from ``where`` (named in errors)."""
+    # What the host printed: NaN is allowed (vllm bench writes it for a statistic of no
+    # samples; the metrics keep only finite numbers), nesting is not.
+    if json_depth(text) > 64:
+        raise BenchError(f"unreadable benchmark result {where}: nested too deeply")
     try:
         data = json.loads(text)
-    except ValueError as exc:
-        raise BenchError(f"unreadable benchmark result {where}: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise BenchError(f"unreadable benchmark result {where}: {str(exc)[:200]}") from None
     return parse_result(data)
 
 
 def load_result(result_dir: str | Path) -> BenchResult:
     path = Path(result_dir) / RESULT_FILENAME
+    if not path.exists():
+        raise BenchError(f"the benchmark wrote no result ({path})")
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise BenchError(f"the benchmark wrote no result ({path})") from None
-    return parse_text(text, str(path))
+        data = read_bounded(path, RESULT_MAX_BYTES, what="benchmark result")
+    except ReadRefused as exc:
+        raise BenchError(str(exc)) from None
+    return parse_text(data.decode("utf-8", errors="replace"), str(path))

@@ -60,6 +60,9 @@ class Verdict:
     restarted: tuple[str, ...] = ()
     prefill_failed: float = 0.0
     prefill_expired: float = 0.0
+    # "engine: why": pages whose counters are no evidence (metrics.counter: NaN, infinite,
+    # negative, ...): the run is not proven.
+    untrusted: tuple[str, ...] = ()
 
     @property
     def recomputed(self) -> int:
@@ -70,6 +73,7 @@ class Verdict:
         return (
             not self.unread
             and not self.restarted
+            and not self.untrusted
             and all(p.ok for p in self.pairs)
             and self.prefill_failed <= 0
             and self.prefill_expired <= 0
@@ -84,6 +88,7 @@ class Verdict:
             "prefill_expired_leases": self.prefill_expired,
             "unread": list(self.unread),
             "restarted": list(self.restarted),
+            "untrusted": list(self.untrusted),
         }
 
 
@@ -107,9 +112,17 @@ def _recomputed(d: Counters, prompt_len: int) -> int:
 
 
 def judge_pair(decode: str, prefills: tuple[str, ...], d: Counters, prompt_len: int) -> PairVerdict:
+    """A decode's verdict over the run. It proves the run disaggregated only when it served
+    requests (its request counter moved: a decode the run never reached proves nothing) and
+    loaded their prompts over the connector (all but the last token of each)."""
     reasons = []
     recomputed = 0
-    if d.requests > 0 and d.external <= 0:
+    if d.requests <= 0:
+        reasons.append(
+            "decode finished no request during the run (vllm:request_success did not move): "
+            "nothing shows the run reached it, so nothing proves its requests disaggregated"
+        )
+    elif d.external <= 0:
         recomputed = int(d.requests)
         reasons.append(
             f"{d.requests:g} request(s) finished and no prompt token arrived over the KV "
@@ -119,6 +132,12 @@ def judge_pair(decode: str, prefills: tuple[str, ...], d: Counters, prompt_len: 
         reasons.append(
             f"{d.local:g} prompt tokens computed on decode for {d.requests:g} request(s): "
             f"about {recomputed} request(s) recomputed instead of loaded"
+        )
+    elif d.external < d.requests * max(prompt_len - 1, 1):
+        reasons.append(
+            f"decode loaded {d.external:g} prompt tokens over the KV connector for "
+            f"{d.requests:g} request(s) of {prompt_len} tokens: at least "
+            f"{d.requests * max(prompt_len - 1, 1):g} were to arrive"
         )
     if d.failed > 0:
         reasons.append(f"{d.failed:g} KV transfer(s) failed on decode")
@@ -150,6 +169,7 @@ def judge(
     unread = tuple(n for n in roles if before.get(n) is None or after.get(n) is None)
     pairs = []
     restarted = []
+    untrusted = []
     failed = expired = 0.0
     for name, role in roles.items():
         if name in unread:
@@ -157,6 +177,10 @@ def judge(
         b, a = before[name], after[name]
         assert b is not None and a is not None
         d = Counters.parse(a) - Counters.parse(b)
+        if d.problems:
+            # Judged before any comparison: with NaN every one is False.
+            untrusted.append(f"{name}: {d.no_evidence()}")
+            continue
         if min(d.requests, d.local, d.external, d.failed, d.expired) < 0:
             restarted.append(name)
             continue
@@ -165,13 +189,16 @@ def judge(
         else:
             failed += d.failed
             expired += d.expired
-    return Verdict(tuple(pairs), unread, tuple(restarted), failed, expired)
+    return Verdict(
+        tuple(pairs), unread, tuple(restarted), failed, expired, untrusted=tuple(untrusted)
+    )
 
 
 def summary(v: Verdict) -> list[str]:
     """Lines for a person: why the run does not count as disaggregated."""
     out = [f"{n}: /metrics could not be read before or after the run" for n in v.unread]
     out += [f"{n}: counters went back during the run (the engine restarted)" for n in v.restarted]
+    out += list(v.untrusted)
     for p in v.pairs:
         out += [f"{p.to_dict()['pair']}: {r}" for r in p.reasons]
     if v.prefill_failed > 0:

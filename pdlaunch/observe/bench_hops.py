@@ -39,6 +39,7 @@ frontends) as differences of means, marked derived.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,11 +190,15 @@ def delta_of(
         b, a = before.get(name), after.get(name)
         if a is None or b is None:
             continue  # benchdisagg reports unread engines
-        ha = promhist.parse(a, metric, **dict(labels))
+        ha, bad_after = promhist.read_histogram(a, metric, **dict(labels))
+        hb, bad_before = promhist.read_histogram(b, metric, **dict(labels))
+        if bad_after or bad_before:
+            why = "; ".join(dict.fromkeys(bad_before + bad_after))
+            problems.append(f"{name}: {metric} left out, its /metrics is no evidence: {why}")
+            continue
         if ha is None:
             continue
-        hb = promhist.parse(b, metric, **dict(labels)) or promhist.Histogram((), 0.0, 0.0)
-        d = ha - hb
+        d = ha - (hb or promhist.Histogram((), 0.0, 0.0))
         if d.went_back():
             problems.append(f"{name}: {metric} went back during the run (restarted)")
             continue
@@ -202,7 +207,8 @@ def delta_of(
 
 
 def _stat(hop: HopDef, h: promhist.Histogram | None, source: str) -> HopStat:
-    if h is None or h.count <= 0:
+    # Sums of several engines' finite values can still overflow: no data, not an inf mean.
+    if h is None or h.count <= 0 or not math.isfinite(h.sum):
         return HopStat(hop.key, hop.label, source, 0.0, None, None, None)
     p50 = promhist.quantile(h, 0.5)
     p99 = promhist.quantile(h, 0.99)
@@ -314,7 +320,7 @@ def _kv_rate(
 ) -> KvRate | None:
     t = delta_of(XFER_TIME, decodes, before, after, problems)
     b = delta_of(XFER_BYTES, decodes, before, after, problems)
-    if t is None or b is None or t.count <= 0:
+    if t is None or b is None or t.count <= 0 or not math.isfinite(t.sum + b.sum):
         return None
     q50, q99 = promhist.quantile(b, 0.5), promhist.quantile(b, 0.99)
     return KvRate(
@@ -342,9 +348,19 @@ def fabric_gbps_from_check(report: dict[str, Any]) -> float | None:
         if isinstance(r, dict)
         and r.get("probe") == IB_WRITE_BW_PROBE
         and isinstance(r.get("data"), dict)
-        and isinstance(r["data"].get("avg_gbps"), (int, float))
+        and _positive(r["data"].get("avg_gbps"))
     ]
     return min(rates) if rates else None
+
+
+def _positive(value: object) -> bool:
+    # A rate of 0, below 0 or not finite (a hand-edited report) is no measurement.
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
 
 
 def _ms(v: float | None, bound: str = "") -> str:

@@ -181,6 +181,10 @@ def judge(
 ) -> tuple[bool | None, str]:
     """A pair's verdict from its decode's counter deltas and the two answers: (True, what was
     proven), (False, what is wrong), or (None, why the counters cannot be attributed)."""
+    if delta.problems:
+        # Before any comparison: every comparison with NaN is False, so a NaN counter passed
+        # every check below.
+        return False, "decode's " + delta.no_evidence()
     if min(delta.requests, delta.local, delta.external, delta.failed) < 0:
         return False, "decode's counters went back during the canary: it restarted"
     if not isinstance(prompt_tokens, int) or prompt_tokens <= 0:
@@ -298,7 +302,11 @@ def rank_delta(before: str, after: str, rank: int | None) -> tuple[Counters, str
             f"DP rank {rank} not proven on its own: vLLM ran the request on another rank "
             f"(it does not read {DP_RANK_HEADER}); "
         )
-    return Counters(mine.requests, mine.local, mine.external, whole.failed, whole.expired), ""
+    problems = tuple(dict.fromkeys(mine.problems + whole.problems))
+    return (
+        Counters(mine.requests, mine.local, mine.external, whole.failed, whole.expired, problems),
+        "",
+    )
 
 
 def check_pair(

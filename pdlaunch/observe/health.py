@@ -19,19 +19,20 @@ recompute, leaves ``external_kv_transfer`` unchanged and the canary fails.
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pdlaunch.observe import http as httpclient
+from pdlaunch.observe import metrics as promhist
 from pdlaunch.observe.http import HttpError
 
 PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 
 __all__ = [
     "HttpError",
+    "NoEvidence",
     "Probe",
     "canary",
     "canary_prompt",
@@ -105,40 +106,33 @@ def post_json(
 
 
 # -- Prometheus text ------------------------------------------------------------------------------
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
 def metric_sum(text: str, name: str, **labels: str) -> float:
-    """Sum of every sample of ``name`` whose labels include ``labels``."""
-    total = 0.0
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m or m.group(1) != name:
-            continue
-        have = dict(_LABEL.findall(m.group(3) or ""))
-        if all(have.get(k) == v for k, v in labels.items()):
-            try:
-                total += float(m.group(4))
-            except ValueError:
-                continue
-    return total
+    """Sum of every sample of ``name`` whose labels include ``labels``, samples that are no
+    evidence (metrics.counter) left out: for display; a verdict reads metrics.counter."""
+    return promhist.counter(text, name, **labels).value
 
 
 def base_url(health_url: str) -> str:
     return health_url.rsplit("/", 1)[0]
 
 
+class NoEvidence(ValueError):
+    """An engine's /metrics page says something no verdict can rest on (the message names
+    the engine, the series and the value)."""
+
+
 def tokens_by_source(health_urls: Iterable[str], source: str, timeout: float = 5.0) -> float:
-    """Sum of ``prompt_tokens_by_source_total{source=...}`` over the engines' /metrics."""
-    return sum(
-        metric_sum(
-            get_text(base_url(u) + "/metrics", timeout), PROMPT_TOKENS_BY_SOURCE, source=source
-        )
-        for u in health_urls
-    )
+    """Sum of ``prompt_tokens_by_source_total{source=...}`` over the engines' /metrics;
+    :class:`NoEvidence` when a page's value is NaN, infinite, negative or otherwise no
+    evidence (every comparison with NaN is False: the canary would pass on one)."""
+    total = 0.0
+    for u in health_urls:
+        url = base_url(u) + "/metrics"
+        reading = promhist.counter(get_text(url, timeout), PROMPT_TOKENS_BY_SOURCE, source=source)
+        if reading.problems:
+            raise NoEvidence(f"{url} is no evidence: " + "; ".join(reading.problems))
+        total += reading.value
+    return total
 
 
 # -- the canary -----------------------------------------------------------------------------------
@@ -183,6 +177,8 @@ def canary(
         p0 = tokens_by_source(prefill_health, "local_compute")
         d0 = tokens_by_source(decode_health, "external_kv_transfer")
         dl0 = tokens_by_source(decode_health, "local_compute")
+    except NoEvidence as exc:
+        return CanaryResult(False, f"engine /metrics before the canary: {exc}")
     except OSError as exc:
         return CanaryResult(False, f"cannot read engine /metrics before the canary: {exc}")
     prompt = canary_prompt(min_prompt_tokens)
@@ -205,6 +201,8 @@ def canary(
             p1 = tokens_by_source(prefill_health, "local_compute")
             d1 = tokens_by_source(decode_health, "external_kv_transfer")
             dl1 = tokens_by_source(decode_health, "local_compute")
+        except NoEvidence as exc:
+            return CanaryResult(False, f"engine /metrics after the canary: {exc}")
         except OSError as exc:
             return CanaryResult(False, f"cannot read engine /metrics after the canary: {exc}")
         if (p1 > p0 and d1 > d0) or time.monotonic() > deadline:

@@ -22,8 +22,14 @@ def _x(seconds: float, lo: float, hi: float) -> float:
     return _LEFT + frac * (_WIDTH - _LEFT - 20)
 
 
+def _drawn(v: float | None) -> float | None:
+    """A value the log axis can place: finite and above 0 (a derived row's difference of
+    means can be anything), else None (not drawn)."""
+    return v if v is not None and math.isfinite(v) and 0 < v < 1e12 else None
+
+
 def svg(b: Breakdown, title: str) -> str:
-    values = [v for h in b.hops for v in (h.p50_s, h.p99_s, h.mean_s) if v is not None and v > 0]
+    values = [v for h in b.hops for v in (h.p50_s, h.p99_s, h.mean_s) if _drawn(v) is not None]
     # Sub-0.1 ms means (an idle queue) would stretch the axis over empty decades.
     lo = max(1e-4, 10 ** math.floor(math.log10(min(values)))) if values else 1e-3
     hi = 10 ** math.ceil(math.log10(max(values))) if values else 1.0
@@ -51,24 +57,24 @@ def svg(b: Breakdown, title: str) -> str:
         y = _TOP + i * _ROW
         name = h.label + ("" if h.count else " (no data)")
         out.append(f'<text x="10" y="{y + 15}">{escape(name)}</text>')
-        if h.p99_s:
-            w = _x(h.p99_s, lo, hi) - _LEFT
+        if p99 := _drawn(h.p99_s):
+            w = _x(p99, lo, hi) - _LEFT
             out.append(
                 f'<rect x="{_LEFT}" y="{y + 3}" width="{w:.1f}" height="16" fill="#9ecae1">'
-                f"<title>p99 {escape(h.p99_bound)}{h.p99_s * 1e3:.1f} ms</title></rect>"
+                f"<title>p99 {escape(h.p99_bound)}{p99 * 1e3:.1f} ms</title></rect>"
             )
-        if h.p50_s:
-            w = _x(h.p50_s, lo, hi) - _LEFT
+        if p50 := _drawn(h.p50_s):
+            w = _x(p50, lo, hi) - _LEFT
             out.append(
                 f'<rect x="{_LEFT}" y="{y + 3}" width="{w:.1f}" height="16" fill="#3182bd">'
-                f"<title>p50 {escape(h.p50_bound)}{h.p50_s * 1e3:.1f} ms</title></rect>"
+                f"<title>p50 {escape(h.p50_bound)}{p50 * 1e3:.1f} ms</title></rect>"
             )
-        if h.mean_s is not None and h.mean_s > 0:
-            x = _x(h.mean_s, lo, hi)
+        if mean := _drawn(h.mean_s):
+            x = _x(mean, lo, hi)
             fill = "#e6550d" if h.derived else "#000"
             out.append(
                 f'<rect x="{x - 1:.1f}" y="{y}" width="3" height="22" fill="{fill}">'
-                f"<title>mean {h.mean_s * 1e3:.1f} ms</title></rect>"
+                f"<title>mean {mean * 1e3:.1f} ms</title></rect>"
             )
     out.append(f'<text x="10" y="{axis_y + 40}">{escape(kv_line(b.kv))}</text>')
     for j, note in enumerate(b.notes[:1]):

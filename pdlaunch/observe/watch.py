@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pdlaunch.observe import lease_budget
-from pdlaunch.observe.health import PROMPT_TOKENS_BY_SOURCE, metric_sum
+from pdlaunch.observe import metrics as promhist
+from pdlaunch.observe.health import PROMPT_TOKENS_BY_SOURCE
 from pdlaunch.plan import lease as kvlease
 
 REQUESTS = "vllm:request_success"
@@ -32,9 +33,11 @@ EXPIRED = "vllm:nixl_num_kv_expired_reqs"
 LOCAL_TOKENS_PER_DISAGGREGATED_REQUEST = 2
 
 
-def _counter(text: str, name: str, **labels: str) -> float:
+def _counter(text: str, name: str, **labels: str) -> promhist.Reading:
     # prometheus_client exposes a counter `x` as `x_total`; accept either spelling.
-    return metric_sum(text, name + "_total", **labels) + metric_sum(text, name, **labels)
+    total = promhist.counter(text, name + "_total", **labels)
+    bare = promhist.counter(text, name, **labels)
+    return promhist.Reading(total.value + bare.value, total.problems + bare.problems)
 
 
 @dataclass(frozen=True)
@@ -44,21 +47,49 @@ class Counters:
     external: float = 0.0
     failed: float = 0.0
     expired: float = 0.0
+    # Why these numbers are no evidence (metrics.counter: NaN, infinite, negative, beyond
+    # 2**53, a series twice, a line that does not parse), naming the series and its value.
+    # Every verdict fails on a non-empty one before it compares a number.
+    problems: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, text: str, engine: str | None = None) -> Counters:
         """The counters of every engine on the page, or of the one whose ``engine`` label
         (vLLM's data-parallel rank) is ``engine``."""
         only = {} if engine is None else {"engine": engine}
-        return cls(
-            requests=_counter(text, REQUESTS, **only),
-            local=metric_sum(text, PROMPT_TOKENS_BY_SOURCE, source="local_compute", **only),
-            external=metric_sum(
+        readings = {
+            "requests": _counter(text, REQUESTS, **only),
+            "local": promhist.counter(
+                text, PROMPT_TOKENS_BY_SOURCE, source="local_compute", **only
+            ),
+            "external": promhist.counter(
                 text, PROMPT_TOKENS_BY_SOURCE, source="external_kv_transfer", **only
             ),
-            failed=_counter(text, FAILED_TRANSFERS, **only)
-            + _counter(text, FAILED_NOTIFICATIONS, **only),
-            expired=_counter(text, EXPIRED, **only),
+            "failed_transfers": _counter(text, FAILED_TRANSFERS, **only),
+            "failed_notifications": _counter(text, FAILED_NOTIFICATIONS, **only),
+            "expired": _counter(text, EXPIRED, **only),
+        }
+        problems = tuple(dict.fromkeys(p for r in readings.values() for p in r.problems))
+        return cls(
+            requests=readings["requests"].value,
+            local=readings["local"].value,
+            external=readings["external"].value,
+            failed=readings["failed_transfers"].value + readings["failed_notifications"].value,
+            expired=readings["expired"].value,
+            problems=problems,
+        )
+
+    @property
+    def evidence(self) -> bool:
+        return not self.problems
+
+    def no_evidence(self) -> str:
+        """Why these counters prove nothing, for a person (one line)."""
+        more = len(self.problems) - 3
+        return (
+            "its /metrics is no evidence: "
+            + "; ".join(self.problems[:3])
+            + (f" (and {more} more)" if more > 0 else "")
         )
 
     def __sub__(self, other: Counters) -> Counters:
@@ -68,6 +99,7 @@ class Counters:
             self.external - other.external,
             self.failed - other.failed,
             self.expired - other.expired,
+            tuple(dict.fromkeys(self.problems + other.problems)),
         )
 
 
@@ -101,6 +133,9 @@ def judge(process: str, role: str, before: Counters, now: Counters) -> WatchRow:
     """One process's row: what changed since ``before``, and what that says."""
     d = now - before
     flags: list[str] = []
+    if d.problems:
+        flags.append(d.no_evidence())
+        return WatchRow(process, role, d, now, flags)
     if d.requests < 0 or d.local < 0 or d.external < 0:
         flags.append("counters went back: the engine restarted")
         return WatchRow(process, role, d, now, flags)

@@ -24,11 +24,12 @@ the engines' metrics: :mod:`pdlaunch.observe.lease_budget`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from pdlaunch.fsutil import ReadRefused, read_json_bounded
 
 DEFAULT_LEASE_S = 30  # base_scheduler.py:82-86 (vLLM 0.22-0.33)
 ASSUMED_ABORT_TIMEOUT_S = 120  # vllm/envs.py: 120 where introduced, 480 later; the smaller
@@ -98,32 +99,56 @@ DTYPE_BYTES = {
 }  # fmt: skip
 
 
+# A model dimension beyond this is no real model's (the largest have ~100 layers, ~100 heads,
+# head dims of a few hundred): the product would overflow the float math of the lease rule.
+MAX_DIMENSION = 1 << 20
+# config.json files are a few KB (those with big label maps a few hundred KB).
+CONFIG_MAX_BYTES = 4 << 20
+
+
 def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int) -> int | None:
     """K and V bytes one token takes across the model's layers (a standard multi-head or
     grouped-query attention config.json); None where the config does not say (MLA and
-    other layouts are not estimated)."""
+    other layouts are not estimated) or says what no model is (a dimension below 1 or
+    beyond MAX_DIMENSION)."""
     cfg = config.get("text_config", config)
+    if not isinstance(cfg, dict):
+        return None
     try:
         layers = int(cfg["num_hidden_layers"])
         heads = int(cfg["num_attention_heads"])
         kv_heads = int(cfg.get("num_key_value_heads") or heads)
         head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, OverflowError):
+        return None
+    if not all(1 <= n <= MAX_DIMENSION for n in (layers, heads, kv_heads, head_dim)):
         return None
     if cfg.get("kv_lora_rank"):  # MLA: a latent cache, not K/V heads
         return None
     return 2 * layers * kv_heads * head_dim * dtype_bytes
 
 
+def read_model_config(model_path: str) -> dict[str, Any] | None:
+    """The model's config.json on this host, read bounded (fsutil.read_json_bounded); None
+    where there is none here (a hub id, or a path only the nodes have). A file that is there
+    but is no config (a FIFO, a device, larger than CONFIG_MAX_BYTES, not JSON, nested too
+    deep, numbers beyond a float) raises ReadRefused, whose message names it and the bound."""
+    path = Path(model_path).expanduser() / "config.json"
+    if not path.exists() and not path.is_symlink():
+        return None
+    config = read_json_bounded(path, CONFIG_MAX_BYTES, what="model config")
+    if not isinstance(config, dict):
+        raise ReadRefused(f"model config {str(path)!r} is not a JSON object")
+    return config
+
+
 @lru_cache(maxsize=64)
 def model_kv_bytes_per_token(model_path: str, dtype: str, kv_cache_dtype: str) -> int | None:
     """:func:`kv_bytes_per_token` of a model directory on this host; None if it has no
-    readable config.json (a hub id, or a path only the nodes have)."""
-    try:
-        config = json.loads((Path(model_path).expanduser() / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict):
+    config.json here (a hub id, or a path only the nodes have). ReadRefused (not cached: the
+    file may be fixed) when the file is there and cannot be a config."""
+    config = read_model_config(model_path)
+    if config is None:
         return None
     name = kv_cache_dtype if kv_cache_dtype not in ("auto", "") else dtype
     if name in ("auto", ""):

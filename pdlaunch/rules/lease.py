@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from pdlaunch.fsutil import ReadRefused
 from pdlaunch.plan import lease as kvlease
 from pdlaunch.rules.base import Finding, rule, warning
 from pdlaunch.spec.topology import Topology
@@ -62,9 +63,21 @@ def kv_lease_budget(topo: Topology) -> Iterator[Finding]:
     lease = topology_lease(topo)
     if prompt is None or lease is None:
         return
-    per_token = kvlease.model_kv_bytes_per_token(
-        topo.model.name, topo.model.dtype, topo.model.kv_cache_dtype
-    )
+    try:
+        per_token = kvlease.model_kv_bytes_per_token(
+            topo.model.name, topo.model.dtype, topo.model.kv_cache_dtype
+        )
+    except ReadRefused as exc:
+        # Not the topology's fault, and the engines read their own copy: a warning, so
+        # `validate` says why the budget was not checked instead of hanging or failing.
+        yield warning(
+            "kv-lease-budget",
+            ("model", "name"),
+            f"{exc}: the KV lease budget is not checked",
+            "point model.name at the model directory whose config.json the engines load",
+            SOURCE,
+        )
+        return
     if per_token is None:
         return
     devices = {inst.device for _, _, inst in topo.instances()}

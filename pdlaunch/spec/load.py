@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 from pydantic import ValidationError
 
+from pdlaunch.fsutil import ReadRefused, read_bounded
 from pdlaunch.spec.addresses import canonical_host
 from pdlaunch.spec.backend_settings import BackendConfig
 from pdlaunch.spec.topology import Topology
@@ -223,33 +224,47 @@ def _problems(exc: ValidationError, source: Source) -> list[Problem]:
 def load_backend_config(path: str | Path) -> BackendConfig:
     """A `--backend-config` file (``slurm:`` as in a topology), read as a topology is: one
     YAML document, every error named with its line (LoadError)."""
-    data, source = parse_text(read_text(Path(path)), str(path))
+    name = str(path)
     try:
+        data, source = parse_text(read_text(Path(path), "backend config"), name)
         return BackendConfig.model_validate(data)
     except ValidationError as exc:
         raise LoadError(_problems(exc, source)) from None
+    except RecursionError:
+        raise LoadError(
+            [Problem(name, None, "", "nested too deeply to be a backend config")]
+        ) from None
 
 
-def read_text(path: Path) -> str:
+def read_text(path: Path, what: str = "topology file") -> str:
+    """The UTF-8 text of the file a user named, read bounded (fsutil.read_bounded: a FIFO, a
+    device or a file over MAX_BYTES is refused before it can hang pdlaunch or take its
+    memory); ``what`` names the kind of file in the message."""
     name = str(path)
+
+    def refuse(message: str) -> NoReturn:
+        raise LoadError([Problem(name, None, "", message)])
+
+    if not path.exists() and not path.is_symlink():
+        refuse("no such file")
+    if path.is_dir():
+        refuse(f"is a directory, not a {what}")
     try:
-        if path.is_dir():
-            raise LoadError([Problem(name, None, "", "is a directory, not a topology file")])
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise LoadError([Problem(name, None, "", "no such file")]) from None
-    except PermissionError:
-        raise LoadError([Problem(name, None, "", "permission denied")]) from None
-    except OSError as exc:
-        raise LoadError([Problem(name, None, "", f"cannot read: {exc.strerror}")]) from None
-    if len(raw) > MAX_BYTES:
-        raise LoadError([Problem(name, None, "", "larger than 4 MiB: not a topology file")])
+        raw = read_bounded(path, MAX_BYTES, what=what)
+    except ReadRefused as exc:
+        # The problem is shown after the file's name: say the rest once.
+        message = str(exc).removeprefix(f"{what} {name!r} ")
+        if "Permission denied" in message:
+            refuse("permission denied")
+        if message.startswith("cannot be read"):
+            refuse(message)
+        refuse(f"{message} (a {what} is YAML text of at most {MAX_BYTES:,} bytes)")
     if b"\0" in raw:
-        raise LoadError([Problem(name, None, "", "binary file: a topology is YAML text")])
+        refuse(f"binary file: a {what} is YAML text")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise LoadError([Problem(name, None, "", f"not UTF-8 text ({exc.reason})")]) from None
+        refuse(f"not UTF-8 text ({exc.reason})")
 
 
 def load_text(text: str, file: str = "<text>") -> tuple[Topology, Source]:

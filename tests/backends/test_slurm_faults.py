@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -392,3 +393,60 @@ def test_the_cli_up_says_why_and_leaves_no_job_when_a_port_answers_garbage(
     assert "prefill-0 on" in out and "not an HTTP answer" in out, out
     assert f"127.0.0.1:{port}/health" in out and "rolled back" in out, out
     assert fake_slurm.jobs == {} and len(fake_slurm.calls("scancel")) == 1
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "sparse"])
+def test_a_job_log_that_is_no_log_is_read_bounded(tmp_path: Path, kind: str) -> None:
+    # issue 32: a FIFO at a log's path blocked `logs` at open(); a device (a real /dev/zero
+    # node) was read without end; a 1 GiB file of NULs is read from its last 64 KiB only.
+    log = tmp_path / "router.log"
+    if kind == "fifo":
+        os.mkfifo(log)
+    elif kind == "device":
+        os.mknod(log, 0o600 | stat.S_IFCHR, os.makedev(1, 5))
+    else:
+        with open(log, "wb") as f:
+            f.truncate(1 << 30)
+            f.seek(0, os.SEEK_END)
+            f.write(b"\nthe end\n")
+    done: list[str] = []
+    reader = threading.Thread(target=lambda: done.append(jobs.tail(str(log), 3)), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert done, "reading the log blocked"
+    if kind == "sparse":
+        assert done[0].endswith("the end") and len(done[0]) <= jobs.TAIL_BYTES
+    else:
+        assert done[0] == f"(cannot read {log}: not a regular file)"
+
+
+def test_the_doctor_reads_job_scripts_bounded_and_never_through_a_link(
+    fake_slurm: FakeSlurm, fake_bins, tmp_path: Path
+) -> None:
+    # issue 32: the doctor read each job script whole and through links: a FIFO planted in
+    # the work dir hung it, a link put any file of the user's into the shared bundle.
+    from pdlaunch.backends.slurm.doctor import SCRIPT_MAX_BYTES, slurm_state
+    from pdlaunch.runtime import record_store
+
+    plan = _plan(tmp_path, fake_bins, name="docreads", secret=False)
+    jobs.submit(plan, _opts(), _environ())
+    rec = record_store.find(plan.deployment, place=False)
+    assert rec is not None and rec.native is not None
+    prefill, decode, router = (rec.native.process(p.name).script_path for p in rec.processes)
+    private = tmp_path / "private"
+    private.write_text("the user's own secret\n")
+    for path in (prefill, decode, router):
+        os.unlink(path)
+    os.mkfifo(prefill)
+    Path(decode).symlink_to(private)
+    with open(router, "wb") as f:
+        f.truncate(SCRIPT_MAX_BYTES + 1)
+    done: list = []
+    reader = threading.Thread(target=lambda: done.append(slurm_state(rec)), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert done, "the doctor blocked reading a job script"
+    scripts = done[0].scripts
+    assert Path(rec.native.script).name in scripts  # the driver, as pdlaunch wrote it
+    assert not {Path(p).name for p in (prefill, decode, router)} & set(scripts)
+    assert "secret" not in "".join(scripts.values())

@@ -102,3 +102,21 @@ def test_missing_images_name_node_and_image(ready: None) -> None:
     assert len(out) == 1 and "localhost/absent-xyz:1" in out[0] and host.name in out[0]
     (msg,) = ctr.missing_images(host, [("no-such-runtime-xyz", IMAGE)])
     assert "no-such-runtime-xyz" in msg
+
+
+def test_a_huge_cid_file_is_neither_read_whole_nor_echoed(ref: ContainerRef) -> None:
+    # 3 MB of hex digits passed the old hex check and reached one error line whole.
+    cid = _start(ref)
+    Path(ref.cid_path).write_text("a" * 3_000_000)
+    host = LocalHost()
+    with pytest.raises(HostError, match="does not hold a container id") as caught:
+        ctr.remove(host, ref, grace=1)
+    assert len(str(caught.value)) < 2_000, len(str(caught.value))
+    assert _exists(cid)  # nothing was removed on a damaged file's word
+    # state falls back to the labelled container, without reading the file whole either
+    assert ctr.state(host, ref) == "running"
+    Path(ref.cid_path).write_text(cid[:63] + "\n")  # one digit short: no container id either
+    with pytest.raises(HostError, match="does not hold a container id"):
+        ctr.remove(host, ref, grace=1)
+    Path(ref.cid_path).write_text(cid)
+    assert ctr.remove(host, ref, grace=1) == [cid]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import time
 from importlib import resources
@@ -18,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from pdlaunch.hosts import LocalHost, UnsafePathError, Upload
+from pdlaunch.hosts import HostError, LocalHost, UnsafePathError, Upload
+from pdlaunch.hosts.logs import LOG_TAIL_MAX_BYTES
 from pdlaunch.hosts.shell import exec_owned_script, script, with_args
 
 SCRIPTS = sorted(p.name for p in resources.files("pdlaunch.hosts").joinpath("sh").iterdir()
@@ -263,3 +265,41 @@ def test_exec_owned_runs_only_a_file_of_ours_nobody_else_can_write(host, tmp_pat
     else:
         assert res.rc == 96 and "refusing to run" in res.stderr and res.stdout == ""
     assert no_pwned(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_read_log_refuses_what_is_not_a_regular_file_without_blocking(host, tmp_path, kind):
+    # issue 32: a FIFO at a log's path blocked `tail` until the command's timeout; a device
+    # (a real /dev/zero node, made here) never ends.
+    log = tmp_path / "engine.log"
+    if kind == "fifo":
+        os.mkfifo(log)
+    else:
+        os.mknod(log, 0o600 | stat.S_IFCHR, os.makedev(1, 5))
+    t0 = time.monotonic()
+    with pytest.raises(HostError, match="not a regular file"):
+        host.read_log(str(log), lines=5)
+    assert time.monotonic() - t0 < 10
+
+
+def test_read_log_of_one_endless_line_comes_back_bounded(host, tmp_path):
+    log = tmp_path / "engine.log"
+    with open(log, "wb") as f:
+        f.truncate(1 << 30)  # 1 GiB of NULs, no newline, sparse: no disk used
+        f.seek(0, os.SEEK_END)
+        f.write(b"\nlast line\n")
+    assert host.read_log(str(log), lines=1) == "last line\n"
+    text = host.read_log(str(log), lines=5)
+    assert text.endswith("last line\n") and len(text) <= LOG_TAIL_MAX_BYTES
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link"])
+def test_follow_log_refuses_what_read_log_refuses(host, tmp_path, kind):
+    log = tmp_path / "engine.log"
+    if kind == "fifo":
+        os.mkfifo(log)
+    else:
+        (tmp_path / "private").write_text("not a log\n")
+        log.symlink_to(tmp_path / "private")
+    with pytest.raises(HostError, match="cannot follow"):
+        host.follow_log(str(log), lines=1)

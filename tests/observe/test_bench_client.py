@@ -9,6 +9,7 @@ the real one writes, so each test can fail on a wrong command, environment or cl
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -109,3 +110,26 @@ def test_ssh_host_runs_the_client_the_same_way(plan, fake_vllm, ssh_connect, ssh
     assert result.ok and result.completed == 3
     assert result.raw["seen_offline"] == "1"
     assert not os.path.exists(result.raw["seen_cwd"])
+
+
+@pytest.mark.parametrize(
+    ("replace", "says"),
+    [
+        (('"completed": $n', '"completed": NaN'), "completed is nan: not a count"),
+        (('"completed": $n', '"completed": "many"'), "completed is not a number"),
+        (('"duration": 1.5', '"duration": 1e999'), "duration is inf: not a count"),
+        (('"failed": 0', '"failed": -2'), "failed is -2: not a count"),
+        (('{"completed"', "[" * 100_000 + '{"completed"'), "nested too deeply"),
+    ],
+)
+def test_a_result_no_count_can_be_read_from_is_a_bench_error(plan, fake_vllm, replace, says):
+    # issue 32: int(NaN) gave a ValueError traceback, deep nesting a RecursionError.
+    fake_vllm.write_text(fake_vllm.read_text().replace(*replace))
+    with pytest.raises(bench.BenchError, match=re.escape(says)):
+        _run(LocalHost(), plan, fake_vllm)
+
+
+def test_a_saved_result_is_read_bounded(tmp_path):
+    os.mkfifo(tmp_path / bench.RESULT_FILENAME)  # read whole, it blocked for a writer
+    with pytest.raises(bench.BenchError, match=r"is not a regular file \(a FIFO\)"):
+        bench.load_result(tmp_path)

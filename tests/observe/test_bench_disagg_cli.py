@@ -155,3 +155,68 @@ def test_human_output_names_the_pair_on_stderr(deployment):
     )
     assert res.exit_code == 3
     assert "not a disaggregated result" in res.stderr and "prefill-0 -> decode-0" in res.stderr
+
+
+# -- pages that must not fool bench (issue 32) -----------------------------------------------------
+def _strict(text: str) -> dict:
+    def refuse(name: str) -> object:
+        raise AssertionError(f"{name} in JSON output")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_decode_whose_requests_never_moved_proves_nothing(deployment):
+    # decode-0's page after the run is its page before it: it served nothing, so nothing
+    # shows the run was disaggregated (bench used to judge a decode only when it served).
+    res = _bench(deployment((FX / "decode-0_before.txt").read_text()))
+    assert res.exit_code == 3, res.output
+    d = _strict(res.stdout)["disaggregated"]
+    assert d["valid"] is False
+    assert "finished no request" in d["pairs"][0]["reasons"][0]
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-5"])
+def test_a_non_finite_or_negative_kv_counter_is_no_evidence(deployment, value: str):
+    after = (FX / "decode-0_mid.txt").read_text()
+    after = after.replace(
+        'source="external_kv_transfer"} 3124.0', f'source="external_kv_transfer"}} {value}'
+    )
+    res = _bench(deployment(after))
+    assert res.exit_code == 3, res.output
+    assert "Traceback" not in res.output
+    d = _strict(res.stdout)["disaggregated"]
+    assert d["valid"] is False and d["pairs"] == []
+    (why,) = d["untrusted"]
+    assert why.startswith("decode-0: its /metrics is no evidence") and f"= {value}" in why
+
+
+def test_an_infinite_histogram_sum_is_a_problem_and_the_files_are_json_and_svg(
+    deployment, tmp_path: Path
+):
+    # The counters prove the run; decode's queue-time histogram has a +Inf sum: the hop is
+    # left out with the reason, bench.json is JSON, hops.svg is drawn (it raised OverflowError
+    # after bench.json was written with Infinity in it).
+    queue = "vllm:request_queue_time_seconds"
+    after = (FX / "decode-0_mid.txt").read_text() + (
+        f'{queue}_bucket{{engine="0",le="0.3",model_name="tiny"}} 20.0\n'
+        f'{queue}_bucket{{engine="0",le="+Inf",model_name="tiny"}} 20.0\n'
+        f'{queue}_count{{engine="0",model_name="tiny"}} 20.0\n'
+        f'{queue}_sum{{engine="0",model_name="tiny"}} +Inf\n'
+    )
+    out = tmp_path / "result"
+    res = _bench(deployment(after), "--out", str(out))
+    assert res.exit_code == 0, res.output
+    printed = _strict(res.stdout)
+    assert any("+Inf: infinite" in p for p in printed["hops"]["problems"])
+    assert _strict((out / "bench.json").read_text())["hops"] == printed["hops"]
+    assert (out / "hops.svg").read_text().startswith("<svg")
+
+
+def test_nan_from_the_benchmark_client_prints_as_null(deployment, monkeypatch):
+    # `vllm bench serve` writes NaN for a statistic of no samples (Python's json.dumps).
+    path = deployment((FX / "decode-0_mid.txt").read_text())
+    fake = Path(bench.find_vllm())
+    fake.write_text(fake.read_text().replace('"mean_ttft_ms": 10.0', '"mean_ttft_ms": NaN'))
+    res = _bench(path)
+    assert res.exit_code == 0, res.output
+    assert _strict(res.stdout)["mean_ttft_ms"] is None

@@ -16,11 +16,21 @@ from typer.testing import CliRunner
 
 from pdlaunch.cli import app
 from pdlaunch.observe import bench
+from tests.support import hostile_files
 from tests.support.fake_bench_client import FAKE_VLLM
 
 HOPS = Path(__file__).resolve().parents[1] / "fixtures" / "bench" / "hops"
 CLIENT = json.loads((HOPS / "bench_client.json").read_text())
 PAGES = {"prefill": "prefill-0", "decode": "decode-0", "metrics": "router", "router": None}
+# The hops excerpts hold only histograms; bench's verdict reads counters too (a decode whose
+# request counter does not move proves nothing, issue 32). The same day's 1P2D capture
+# (tests/fixtures/bench/SOURCES.md) gives them: its bench run, before -> mid (decode-0 served
+# 20 requests, all loaded over the connector).
+COUNTERS = {
+    name: {"before": (HOPS.parent / f"{name}_before.txt").read_text(),
+           "after": (HOPS.parent / f"{name}_mid.txt").read_text()}
+    for name in ("prefill-0", "decode-0")
+}  # fmt: skip
 
 
 @pytest.fixture
@@ -38,6 +48,8 @@ def topology(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
                 if self.path == "/metrics" and self.page:
                     stage = "after" if marker.exists() else "before"
                     body = (HOPS / f"{self.page}_{stage}.txt").read_text()
+                    if self.page != "router":
+                        body += COUNTERS[self.page][stage]
                 data = body.encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(data)))
@@ -121,3 +133,48 @@ def test_a_fabric_report_without_bandwidth_is_bad_input(topology: Path, tmp_path
     res = CliRunner().invoke(app, ["bench", str(topology), "--fabric", str(report)])
     assert res.exit_code == 2
     assert "no ib_write_bw result" in res.output and "Traceback" not in res.output
+
+
+# -- files handed to bench, files bench writes (issue 32) -----------------------------------------
+def test_planted_symlinks_under_out_are_replaced_and_their_targets_untouched(
+    topology: Path, tmp_path: Path
+):
+    out = tmp_path / "result"
+    out.mkdir()
+    victims = {name: tmp_path / f"victim-{name}" for name in ("bench.json", "hops.svg")}
+    for name, victim in victims.items():
+        victim.write_text("precious\n")
+        (out / name).symlink_to(victim)
+    res = CliRunner().invoke(
+        app, ["bench", str(topology), "--num-prompts", "40", "--json", "--out", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    for name, victim in victims.items():
+        assert victim.read_text() == "precious\n"
+        assert not (out / name).is_symlink()
+    assert json.loads((out / "bench.json").read_text())["completed"] == 40
+
+
+@pytest.mark.parametrize(
+    ("kind", "says"),
+    [
+        ("fifo", "is not a regular file (a FIFO)"),
+        ("dev-zero", "is not a regular file (a character device)"),
+        ("sparse-1gib", "at most 16,777,216 are read"),
+        ("deep", "nests deeper than"),
+        ("infinity", "Infinity is not a JSON number"),
+        ("1e999", "beyond a float's range"),
+    ],
+)
+def test_a_hostile_fabric_file_is_one_line_of_bad_input(
+    topology: Path, tmp_path: Path, kind: str, says: str
+):
+    path = hostile_files.make(tmp_path, "fabric.json", kind)
+    res, peak = hostile_files.bounded_call(
+        lambda: CliRunner().invoke(app, ["bench", str(topology), "--fabric", str(path)])
+    )
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    (line,) = [ln for ln in res.output.splitlines() if str(path) in ln]
+    assert says in line and "--fabric report" in line, line
+    assert peak < 64 << 20, f"{peak:,} bytes allocated reading {kind}"

@@ -11,13 +11,17 @@ answers at, not the plan's.
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
+from pdlaunch.fsutil import ReadRefused, read_bounded
 from pdlaunch.observe import health
 from pdlaunch.runtime.record import UNKNOWN, Record, SlurmHandle
 from pdlaunch.runtime.state import DeploymentState, ProcessState
 
 NOT_PLACED = "(not placed)"
+# A rendered job script is a few KB; one larger is not what pdlaunch wrote.
+SCRIPT_MAX_BYTES = 1 << 20
 
 
 def slurm_state(rec: Record) -> DeploymentState:
@@ -52,8 +56,13 @@ def slurm_state(rec: Record) -> DeploymentState:
         )
     scripts: dict[str, str] = {}
     for path in [native.script, *(native.process(p.name).script_path for p in rec.processes)]:
-        with contextlib.suppress(OSError):
-            scripts[Path(path).name] = Path(path).read_text(encoding="utf-8", errors="replace")
+        # pdlaunch wrote these as files (atomic_write): a link there was planted and could
+        # lead the shared bundle to any file of the user's; a FIFO would hang the doctor.
+        if os.path.islink(path):
+            continue
+        with contextlib.suppress(ReadRefused):
+            data = read_bounded(path, SCRIPT_MAX_BYTES, what="job script")
+            scripts[Path(path).name] = data.decode("utf-8", errors="replace")
     return DeploymentState(
         deployment=rec.deployment,
         topology="",

@@ -12,7 +12,9 @@ commands (sbatch, squeue, sacct, scontrol, scancel), with the environment's ``SL
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -269,7 +271,12 @@ def wait_running(
 def open_log(path: str):
     """A log for reading, never through a link (pdlaunch makes none: one there was planted,
     and could point at any file of the user's)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    # O_NONBLOCK: a FIFO planted there opens at once (and is refused below) instead of
+    # waiting for a writer; a regular file reads the same with it.
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
     return os.fdopen(fd, "rb")
 
 
@@ -279,6 +286,9 @@ def why_unreadable(path: str, exc: OSError) -> str:
     return f"cannot read {path}: {exc.strerror}"
 
 
+TAIL_BYTES = 64 * 1024
+
+
 def tail(path: str, lines: int = 30) -> str:
     if lines <= 0:
         return ""  # [-0:] would be the whole file
@@ -286,8 +296,9 @@ def tail(path: str, lines: int = 30) -> str:
         with open_log(path) as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
-            f.seek(max(0, size - 64 * 1024))
-            data = f.read().decode("utf-8", errors="replace")
+            f.seek(max(0, size - TAIL_BYTES))
+            # Bounded even if the file grows meanwhile.
+            data = f.read(TAIL_BYTES).decode("utf-8", errors="replace")
     except OSError as exc:
         return f"({why_unreadable(path, exc)})"
     return "\n".join(data.splitlines()[-lines:])

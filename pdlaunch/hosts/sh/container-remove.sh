@@ -3,8 +3,7 @@
 # 5: the runtime cannot say. Needs containers.sh and its variables.
 ids=
 if [ -s "$CIDF" ]; then
-    cid=$(cat -- "$CIDF") || cid=  # podman writes the id without a newline
-    case $cid in ''|*[!0-9a-f]*) echo "$CIDF does not hold a container id" >&2; exit 4;; esac
+    cid=$(_cid) || { echo "$CIDF does not hold a container id (64 hex digits)" >&2; exit 4; }
     ids=$cid
 fi
 ids="$ids $(_ours)"

@@ -7,7 +7,13 @@
 _exists() {  # $1=id or name: 0 exists, 1 gone, 5 unknown (stderr says why)
     _o=$("$RT" container inspect --format '{{.Id}}' "$1" 2>&1) && return 0
     case $_o in *[Nn]"o such container"*|*"no container with"*) return 1;; esac
-    echo "$RT container inspect $1: $_o" >&2; return 5; }
+    printf '%s\n' "$RT container inspect $1: $_o" | head -c 500 >&2; return 5; }
+_cid() {  # the id in $CIDF: 64 hex digits (docker and podman write the full id); at most 66
+    # bytes are read, so a file that is no cid file is never read or echoed whole. 4: none.
+    _c=$(head -c 66 -- "$CIDF" 2>/dev/null) || return 4
+    case $_c in *[!0-9a-f]*) return 4;; esac
+    [ "${#_c}" -eq 64 ] || return 4
+    printf '%s' "$_c"; }
 _ours() {  # ids of containers named $NAME carrying our deployment and process labels
     "$RT" ps -a -q --no-trunc --filter "name=^$NAME\$" \
         --filter "label=$LD=$DEP" --filter "label=$LP=$PROC" 2>/dev/null; }
