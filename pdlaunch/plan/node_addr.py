@@ -34,10 +34,6 @@ SIDE_CHANNEL_HOST = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 PLACEHOLDER = "{pdlaunch:" + NODE_ADDR + "}"
 #: The script's exit status when the address cannot be had.
 EXIT_NO_ADDRESS = 94
-SOURCE = (
-    "GB200 guide (export VLLM_NIXL_SIDE_CHANNEL_HOST=$(hostname -i)); "
-    "vllm nixl/base_scheduler.py:76, envs.py:1735"
-)
 
 #: ``pdl_resolve NAME``: the address the script exports, printed on one line, or nothing
 #: (status 1). The name's first address that is not loopback, else its first (a name that
