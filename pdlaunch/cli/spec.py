@@ -279,6 +279,9 @@ def render_cmd(
     else:
         for p in written:
             out.print(f"wrote {p}")
+        named = list(dict.fromkeys(q.node_addr.name for q in plan.processes if q.node_addr))
+        for line in on_node_lines(named, min(out.width, 100)):
+            out.print(line)
 
 
 @app.command("schema", short_help=summary("schema"))

@@ -34,6 +34,9 @@ def test_plan_and_render_show_the_resolution(tmp_path: Path):
     out = tmp_path / "out"
     res = pdl("render", FIXTURE, "-o", out)
     assert res.rc == 0, res
+    text = " ".join(res.stdout.split())
+    assert "NIXL side-channel address resolved on the node at start" in text
+    assert ", ".join(RESOLVED) in text
     script = (out / "decode-0.sh").read_text()
     assert "pdl_name=gpu-a03.dc1.example.com" in script
     assert 'export VLLM_NIXL_SIDE_CHANNEL_HOST="${PDLAUNCH_NODE_ADDR}"' in script
