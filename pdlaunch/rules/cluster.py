@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from pdlaunch.plan.node_addr import resolves_on_node
 from pdlaunch.plan.ports import (
     SIDE_CHANNEL_SOURCE,
     Listeners,
@@ -299,6 +300,31 @@ def side_channel_host(topo: Topology) -> Iterator[Finding]:
     machines = {host_key(n.host) for n in all_nodes(topo)}
     if len(machines) < 2:
         return
+    # A loopback name (localhost) resolves to loopback on every node: its script would stop
+    # at start. Where router-reach already refuses the host, once is enough.
+    flagged = {f.field for f in router_reach(topo)}
+    for node in all_nodes(topo):
+        field: FieldPath = (
+            (*node.path, "host")
+            if node.instance.host is not None
+            else (*node.path, "hosts", node.node_index)
+        )
+        if (
+            resolves_on_node(topo, node.host)
+            and is_loopback(node.host)
+            and field not in flagged
+            and (*node.path, "host") not in flagged
+        ):
+            yield error(
+                "side-channel-host",
+                field,
+                f"{node.name} runs on {node.host}, which resolves to a loopback address on "
+                "every machine, but engines on other machines dial its NIXL side channel "
+                "(its script would stop at start)",
+                "use the node's network name or address as its host",
+                f"{SEED_GB200} (VLLM_NIXL_SIDE_CHANNEL_HOST=$(hostname -i)); "
+                "vllm nixl/push_scheduler.py:180",
+            )
     seen: set[str] = set()
     for node in all_nodes(topo):
         address = topo.settings_of(node.host).address

@@ -326,6 +326,13 @@ def test_a_loopback_side_channel_address_with_peers_elsewhere_is_refused():
     text = doc(p_host="gaudi-node-1", hosts=hosts)
     f = finding(text, "side-channel-host", ("hosts", "gaudi-node-1", "address"))
     assert "loopback" in f.message and "hosts.gaudi-node-1.address" in f.fix
+    # A loopback name resolves to loopback on every node: refused where peers are elsewhere
+    # (a decode on localhost, dialled by the prefill in 0.32's push mode), once per field.
+    text = doc(p_host="10.0.0.1", d_host=f"localhost  {MARK}", r_host="localhost")
+    f = finding(text, "side-channel-host", ("decode", 0, "host"))
+    assert "loopback" in f.message and "network name" in f.fix
+    _, found = run_rules(doc(p_host="localhost", d_host="10.0.0.2", r_host="10.0.0.3"))
+    assert [f.rule for f in found if f.field == ("prefill", 0, "host")] == ["router-reach"] * 2
     # On one machine it reaches every peer.
     no_errors(doc(p_host="127.0.0.2", d_host="127.0.0.3", r_host="127.0.0.1",
                   decode="    devices: [1]\n",
