@@ -292,9 +292,9 @@ def side_channel_host(topo: Topology) -> Iterator[Finding]:
     """The prefill binds tcp://VLLM_NIXL_SIDE_CHANNEL_HOST:port and hands the same string to
     decode to dial (nixl/base_scheduler.py:76, 348). A host written as a name is resolved on
     the node at start (plan/node_addr.py: the script fails there if the name means loopback
-    while peers are elsewhere); an explicit `hosts.<h>.address` is used as written, so a
-    loopback one cannot work once an engine runs on another machine (a loopback host as
-    such is router-reach's)."""
+    while peers are elsewhere). What cannot work once an engine runs on another machine is
+    refused here: `localhost` (loopback on every node) and a loopback `hosts.<h>.address`
+    (used as written)."""
     if topo.kv_connector.kind != "nixl":
         return
     machines = {host_key(n.host) for n in all_nodes(topo)}
