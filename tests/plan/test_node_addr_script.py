@@ -10,6 +10,7 @@ test_node_addr_on_node.py.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from ipaddress import ip_address
@@ -94,7 +95,8 @@ def _localhost_topology(tmp_path: Path, fake: Path) -> Path:
 
 def _addresses_of_this_machine() -> set[str]:
     out = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True, check=True)
-    return {str(ip_address(line.split()[3].split("/")[0])) for line in out.stdout.splitlines()}
+    # Other tests may add and remove interfaces meanwhile: read the address words only.
+    return {str(ip_address(a)) for a in re.findall(r"\binet6? ([0-9a-f.:]+)/", out.stdout)}
 
 
 def test_the_rendered_script_exports_an_address_of_this_machine(tmp_path):
@@ -114,9 +116,10 @@ def test_the_rendered_script_exports_an_address_of_this_machine(tmp_path):
         text=True,
         timeout=60,
     )
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0, (proc.returncode, proc.stderr)
     env = json.loads(record.read_text())["env"]
     address = env[SIDE]
-    assert str(ip_address(address)) in _addresses_of_this_machine()
+    mine = _addresses_of_this_machine()
+    assert str(ip_address(address)) in mine, (address, sorted(mine))
     # The placeholder never reaches vLLM, and the name is not what it got.
     assert address not in (PLACEHOLDER, "localhost")
