@@ -13,6 +13,7 @@ from typing import Any
 
 from pdlaunch.check.batch import Job
 from pdlaunch.check.probes import CommandOutput, ProbeContext
+from pdlaunch.check.probes.node_addr import resolved_addresses
 from pdlaunch.check.probes.ports import (
     REACH,
     hold_command,
@@ -34,6 +35,9 @@ class Reach:
     address: str
     port: int
     purpose: str
+    # The name dest's script resolves on its node at start (plan/node_addr.py): the
+    # address it got there is what peers really dial (resolved_reaches).
+    resolved_from: str | None = None
 
     @property
     def label(self) -> str:
@@ -51,8 +55,10 @@ def reach_pairs(plan: Plan) -> list[Reach]:
             # hosts.<h>.address, else its host)
             for pp in pf.ports:
                 if pp.kind in ("nixl_side_channel", "mooncake_kv"):
-                    dest = (pf.kv_host or pf.host) if pp.kind == "nixl_side_channel" else pf.host
-                    out.append(Reach(d.name, pf.name, dest, pp.port, pp.purpose))
+                    side = pp.kind == "nixl_side_channel"
+                    dest = (pf.kv_host or pf.host) if side else pf.host
+                    name = pf.node_addr.name if side and pf.node_addr else None
+                    out.append(Reach(d.name, pf.name, dest, pp.port, pp.purpose, name))
     for r in plan.by_role("router"):
         for proc in [*prefill, *decode]:
             for pp in proc.ports:
@@ -66,6 +72,20 @@ def reach_pairs(plan: Plan) -> list[Reach]:
                 for pp in m.ports:
                     if pp.kind == "dp_rpc":
                         out.append(Reach(proc.name, m.name, m.host, pp.port, pp.purpose))
+    return out
+
+
+def resolved_reaches(
+    reaches: list[Reach], by_proc: Mapping[str, HostTarget], results: list[CheckResult]
+) -> list[Reach]:
+    """Side channels whose node resolves its name at start, dialled at the address the node
+    resolved (node_addr.resolve, phase 1), not at the name as the peer would resolve it;
+    where the node found none, the name (the probe has said why)."""
+    found = resolved_addresses(results)
+    out = []
+    for r in reaches:
+        addr = found.get((by_proc[r.dest].label, r.resolved_from or ""))
+        out.append(replace(r, address=addr) if r.resolved_from and addr else r)
     return out
 
 

@@ -40,7 +40,13 @@ from pdlaunch.check.inside import image_jobs
 from pdlaunch.check.pairs import bandwidth_probes, pair_probes, skip_pair
 from pdlaunch.check.probes import select_probes
 from pdlaunch.check.probes.ports import REACH
-from pdlaunch.check.reach import hold_ports, reach_job, reach_pairs, release_ports
+from pdlaunch.check.reach import (
+    hold_ports,
+    reach_job,
+    reach_pairs,
+    release_ports,
+    resolved_reaches,
+)
 from pdlaunch.check.report import CheckReport
 from pdlaunch.check.results import CheckResult, Status
 from pdlaunch.check.targets import HostTarget, group_hosts, host_facts, probe_python
@@ -144,6 +150,7 @@ def run_check(
             return run_jobs(host, list(jobs[t.key]), t.label)
 
         results = [r for rs in parallel(phase1, hosts) for r in rs]
+        reaches = resolved_reaches(reaches, by_proc, results)
 
         # -- phase 1b: reachability, after the free-port probes: every target port that is
         # free is held by a listener while its peers connect, then released

@@ -46,6 +46,7 @@ from pdlaunch.cli.slurm import (
 from pdlaunch.plan import kv_geometry as kvgeometry
 from pdlaunch.plan.build import KvPair, Process
 from pdlaunch.plan.kv_path import PairPath
+from pdlaunch.plan.node_addr import on_node_hosts
 from pdlaunch.spec.topology import Topology
 
 
@@ -132,12 +133,14 @@ def validate_cmd(
         return
     topo, findings = load_valid(topology, as_json)
     paths = kvgeometry.pair_paths(topo)
+    on_node = on_node_hosts(topo)
     if as_json:
         print_json(
             {
                 "valid": True,
                 "findings": [finding_dict(f) for f in findings],
                 "kv_paths": [_path_dict(p) for p in paths],
+                "kv_address_on_node": on_node,
             }
         )
     else:
@@ -145,6 +148,21 @@ def validate_cmd(
         out.print(f"[green]{topology}: valid[/] ({n} instances, {len(findings)} warning(s))")
         for line in kv_path_lines(paths, min(out.width, 100)):
             out.print(line)
+        for line in on_node_lines(on_node, min(out.width, 100)):
+            out.print(line)
+
+
+def on_node_lines(hosts: list[str], width: int = 80) -> list[str]:
+    """Which hosts' NIXL side-channel address their nodes resolve at start (plan/node_addr.py),
+    wrapped to `width` columns."""
+    if not hosts:
+        return []
+    text = (
+        "NIXL side-channel address resolved on the node at start (names without "
+        f"hosts.<host>.address): {', '.join(hosts)}"
+    )
+    return [escape(w) for w in textwrap.wrap(text, width, subsequent_indent="  ",
+                                             break_on_hyphens=False)]  # fmt: skip
 
 
 def _path_dict(p: PairPath) -> dict[str, str]:
@@ -203,6 +221,8 @@ def plan_cmd(topology: TopologyArg, as_json: JsonOpt = False) -> None:
             head += f", {release}" if fits else f"\n  {release}"
         out.print(head)
         out.print(f"  health {escape(p.health_url or '(headless)')}")
+        if p.node_addr:
+            out.print(f"  kv address: {escape(p.node_addr.name)}, resolved on the node at start")
         for i, line in enumerate(port_lines(p)):
             out.print(f"  {'ports ' if i == 0 else '      '} {line}")
     out.print()
@@ -259,6 +279,9 @@ def render_cmd(
     else:
         for p in written:
             out.print(f"wrote {p}")
+        named = list(dict.fromkeys(q.node_addr.name for q in plan.processes if q.node_addr))
+        for line in on_node_lines(named, min(out.width, 100)):
+            out.print(line)
 
 
 @app.command("schema", short_help=summary("schema"))

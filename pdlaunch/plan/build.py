@@ -19,6 +19,7 @@ from pdlaunch.plan import kv_readers as kvreaders
 from pdlaunch.plan.containers import ContainerSpec
 from pdlaunch.plan.containers import spec as container_spec
 from pdlaunch.plan.env import derived_env, devices_of
+from pdlaunch.plan.node_addr import NodeAddress, node_address
 from pdlaunch.plan.ports import (
     Node,
     PortKind,
@@ -89,6 +90,9 @@ class Process(Frozen):
     ucx_net_devices: str | None = None
     # The address decode dials for this node's NIXL side channel (hosts.<h>.address or host).
     kv_host: str | None = None
+    # Set where kv_host is a name the script resolves on the node at start (node_addr.py):
+    # env values equal to node_addr.PLACEHOLDER get the address it resolved.
+    node_addr: NodeAddress | None = None
     work_dir: str
     script_path: str
     log_path: str
@@ -427,6 +431,7 @@ def _node_process(topo: Topology, node: Node, bases: dict, mooncake: dict) -> Pr
         ucx_tls=env.get("UCX_TLS"),
         ucx_net_devices=env.get("UCX_NET_DEVICES"),
         kv_host=topo.kv_address(node.host) if topo.kv_connector.kind == "nixl" else None,
+        node_addr=node_address(topo, node),
         path_prepend=prepend,
         secret_env=secret,
         ports=ports,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from pdlaunch.plan import kv_geometry as kv
 from pdlaunch.plan.cpu import assign_cores
+from pdlaunch.plan.node_addr import PLACEHOLDER, SIDE_CHANNEL_HOST, resolves_on_node
 from pdlaunch.plan.ports import Node, side_channel_bases
 from pdlaunch.spec import facts
 from pdlaunch.spec.devices import PROFILES, profile
@@ -96,8 +97,11 @@ def _derived_env(topo: Topology, node: Node) -> dict[str, EnvValue]:
                 # handshake took 30 s instead of 0.05 s (docs/cpu-pd-recipe.md).
                 env["UCX_NET_DEVICES"] = EnvValue("lo", "host (loopback)")
         # nixl/base_scheduler.py:76 (side-channel port + DP rank); the host decode dials.
-        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = EnvValue(
-            topo.kv_address(node.host), "host / hosts (or hosts.<host>.address)"
+        # A name without hosts.<h>.address is resolved on the node at start (node_addr.py).
+        env[SIDE_CHANNEL_HOST] = (
+            EnvValue(PLACEHOLDER, "host (a name: resolved on the node) or hosts.<host>.address")
+            if resolves_on_node(topo, node.host)
+            else EnvValue(topo.kv_address(node.host), "host / hosts (or hosts.<host>.address)")
         )
         base = side_channel_bases(topo)[(node.role, node.index)]
         env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = EnvValue(

@@ -18,6 +18,13 @@ from pdlaunch import __version__
 from pdlaunch.fsutil import atomic_write, sync_dir
 from pdlaunch.plan.build import Plan, Process
 from pdlaunch.plan.containers import env_names, in_container_argv, prepend_var, run_argv
+from pdlaunch.plan.node_addr import (
+    EXIT_NO_ADDRESS,
+    NODE_ADDR,
+    PLACEHOLDER,
+    RESOLVE_SH,
+    SIDE_CHANNEL_HOST,
+)
 
 _PACKAGE = Path(__file__).resolve().parent.parent  # pdlaunch/, not pdlaunch/plan/
 
@@ -81,7 +88,14 @@ def template_environment() -> jinja2.Environment:
     env.filters.update(
         shquote=shquote, comment=comment, command=command, container_argv=container_argv
     )
-    env.globals.update(prepend_var=prepend_var)
+    env.globals.update(
+        prepend_var=prepend_var,
+        resolve_sh=RESOLVE_SH,
+        node_addr_var=NODE_ADDR,
+        node_addr_placeholder=PLACEHOLDER,
+        node_addr_env=SIDE_CHANNEL_HOST,
+        exit_no_address=EXIT_NO_ADDRESS,
+    )
     return env
 
 

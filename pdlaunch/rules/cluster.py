@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from pdlaunch.plan.node_addr import resolves_on_node
 from pdlaunch.plan.ports import (
     SIDE_CHANNEL_SOURCE,
     Listeners,
@@ -26,7 +27,6 @@ from pdlaunch.rules.base import (
 )
 from pdlaunch.spec.addresses import (
     host_key,
-    is_ip_literal,
     is_loopback,
     is_unspecified,
     same_address,
@@ -285,37 +285,62 @@ def host_address(topo: Topology) -> Iterator[Finding]:
 
 @rule(
     "side-channel-host",
-    "the NIXL side-channel host is an IP address, not a name",
+    "the NIXL side-channel address is one every peer can dial",
     f"{SEED_GB200} (VLLM_NIXL_SIDE_CHANNEL_HOST=$(hostname -i))",
 )
 def side_channel_host(topo: Topology) -> Iterator[Finding]:
     """The prefill binds tcp://VLLM_NIXL_SIDE_CHANNEL_HOST:port and hands the same string to
-    decode to dial (nixl/base_scheduler.py:348-351): a name is resolved twice, on two
-    machines, and may land elsewhere (a Debian /etc/hosts maps the own hostname to
-    127.0.1.1, so the listener would be on loopback)."""
+    decode to dial (nixl/base_scheduler.py:76, 348). A host written as a name is resolved on
+    the node at start (plan/node_addr.py: the script fails there if the name means loopback
+    while peers are elsewhere). What cannot work once an engine runs on another machine is
+    refused here: `localhost` (loopback on every node) and a loopback `hosts.<h>.address`
+    (used as written)."""
     if topo.kv_connector.kind != "nixl":
         return
-    seen: set[str] = set()
+    machines = {host_key(n.host) for n in all_nodes(topo)}
+    if len(machines) < 2:
+        return
+    # A loopback name (localhost) resolves to loopback on every node: its script would stop
+    # at start. Where router-reach already refuses the host, once is enough.
+    flagged = {f.field for f in router_reach(topo)}
     for node in all_nodes(topo):
-        addr = topo.kv_address(node.host)
-        if is_ip_literal(addr) or is_loopback(addr) or addr in seen:
-            continue
-        seen.add(addr)
-        inst = node.instance
         field: FieldPath = (
             (*node.path, "host")
-            if inst.host is not None
+            if node.instance.host is not None
             else (*node.path, "hosts", node.node_index)
         )
+        if (
+            resolves_on_node(topo, node.host)
+            and is_loopback(node.host)
+            and field not in flagged
+            and (*node.path, "host") not in flagged
+        ):
+            yield error(
+                "side-channel-host",
+                field,
+                f"{node.name} runs on {node.host}, which resolves to a loopback address on "
+                "every machine, but engines on other machines dial its NIXL side channel "
+                "(its script would stop at start)",
+                "use the node's network name or address as its host",
+                f"{SEED_GB200} (VLLM_NIXL_SIDE_CHANNEL_HOST=$(hostname -i)); "
+                "vllm nixl/push_scheduler.py:180",
+            )
+    seen: set[str] = set()
+    for node in all_nodes(topo):
+        address = topo.settings_of(node.host).address
+        key = topo.settings_key(node.host)
+        if address is None or key is None or key in seen or not is_loopback(address):
+            continue
+        seen.add(key)
         yield error(
             "side-channel-host",
-            field,
-            f"{node.name}'s NIXL side channel would be advertised as the name {addr!r}; the "
-            "node binds it and decode dials it, each resolving the name on its own machine",
-            f"add `hosts: {{{addr}: {{address: <its IP on the KV network>}}}}`, or use the IP "
-            "as the host",
+            ("hosts", key, "address"),
+            f"{node.name}'s NIXL side channel would be advertised as {address}, a loopback "
+            "address, but engines on other machines dial it",
+            f"set hosts.{key}.address to the node's IP on the KV network, or remove it to "
+            "have the node resolve its name at start",
             f"{SEED_GB200} (VLLM_NIXL_SIDE_CHANNEL_HOST=$(hostname -i)); "
-            "vllm nixl/base_scheduler.py:348-351",
+            "vllm nixl/base_scheduler.py:76",
         )
 
 

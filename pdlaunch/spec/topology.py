@@ -125,8 +125,8 @@ class HostSettings(Strict):
     address: str | None = Field(
         None,
         description="The node's IP address peers dial for KV (VLLM_NIXL_SIDE_CHANNEL_HOST; "
-        "the GB200 guide's $(hostname -i)); default: the host itself, which must then be an "
-        "address",
+        "the GB200 guide's $(hostname -i)); default: the host itself, and a host written as "
+        "a name is resolved on the node when its script starts",
     )
     cpus: int | None = Field(
         None,

@@ -90,6 +90,17 @@ def test_side_channel_host_and_router_urls_are_decided_at_run_time() -> None:
     assert "http://127.0.0.1:8100" not in router.split("set -euo pipefail")[1]
 
 
+def test_a_dns_named_node_takes_the_drivers_address_and_resolves_nothing_itself() -> None:
+    """Over SSH a named host's script resolves its side-channel address (plan/node_addr.py);
+    under Slurm the driver sets the same variable from NodeAddr, so the script does not."""
+    plan = _plan(REPO / "tests" / "fixtures" / "topologies" / "dns-named-cluster.yaml")
+    scripts = {f.name: f.content for f in slurm.process_scripts(plan)}
+    for name in ("prefill-0-node0.sh", "decode-0.sh", "decode-1.sh"):
+        text = scripts[name]
+        assert "export VLLM_NIXL_SIDE_CHANNEL_HOST=''\"${PDLAUNCH_NODE_ADDR}\"''" in text
+        assert "pdl_resolve" not in text and "kv address:" not in text
+
+
 def test_process_scripts_are_the_rendered_ones_but_for_run_time_values() -> None:
     """Same template, same lines: only the values Slurm decides differ from `render`."""
     from pdlaunch.plan.render import render_plan

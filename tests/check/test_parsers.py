@@ -348,7 +348,8 @@ def test_evaluators_never_raise(rc, out, err):
     WARN and so hides it), returns result rows on any output. The guard is only trusted for
     what it does before the evaluator runs: answering an absent tool."""
     output = CommandOutput(rc, out, err)
-    params = {"ucx_tls": "rc,cuda_copy", "ports": [8000], "need": 1, "path": "/m", "npus": [0]}
+    params = {"ucx_tls": "rc,cuda_copy", "ports": [8000], "need": 1, "path": "/m", "npus": [0],
+              "names": {"gpu-a01.dc1.example.com": True, "localhost": False}}  # fmt: skip
     for pr in PROBES:
         ctx = ProbeContext("h1", True, params, pr.id)
         res = pr.judge(output, ctx)

@@ -40,6 +40,7 @@ def test_selection():
         "ucx.env",
         "nvidia.smi",
         "nvidia.peermem",
+        "node_addr.resolve",
         "ports.listen",
         "versions",
         "model.path",

@@ -290,22 +290,53 @@ def test_config_file_flag_is_managed():
     assert f.field == ("prefill", 0, "extra_args", 0) and "extra_args" in f.fix
 
 
-def test_side_channel_host_must_be_an_address():
-    # The GB200 guide exports VLLM_NIXL_SIDE_CHANNEL_HOST=$(hostname -i): an address. A name
-    # is resolved by the binding prefill and the dialing decode separately.
-    text = doc(p_host=f"gaudi-node-1  {MARK}")
-    f = finding(text, "side-channel-host", ("prefill", 0, "host"))
-    assert "address" in f.fix and "gaudi-node-1" in f.message
+def test_a_named_host_is_resolved_on_the_node_and_an_address_wins():
+    # The GB200 guide exports VLLM_NIXL_SIDE_CHANNEL_HOST=$(hostname -i) on each node: a name
+    # without `address:` is resolved by the node's script at start (plan/node_addr.py).
+    named = doc(p_host="gaudi-node-1", d_host="gaudi-node-2", r_host="gaudi-node-1")
+    no_errors(named)
+    topo, _ = load_text(named, "t.yaml")
+    plan = build_plan(topo)
+    for p in [*plan.by_role("prefill"), *plan.by_role("decode")]:
+        assert p.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "{pdlaunch:PDLAUNCH_NODE_ADDR}"
+        assert p.node_addr is not None and p.node_addr.name == p.host == p.kv_host
+        assert p.node_addr.peers_elsewhere  # a loopback answer is refused at start
+    assert plan.router.node_addr is None
     with_address = doc(p_host="gaudi-node-1", hosts=NODE1_ADDRESS % "gaudi-node-1")
     no_errors(with_address)
     topo, _ = load_text(with_address, "t.yaml")
     p = build_plan(topo).by_role("prefill")[0]
     assert p.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == p.kv_host == "10.0.0.9"
+    assert p.node_addr is None
     assert p.host == "gaudi-node-1"  # SSH and HTTP keep the name
+    # Every engine on one machine: a loopback answer reaches them all.
+    one = doc(p_host="box", d_host="Box.", r_host="box", decode="    devices: [1]\n")
+    no_errors(one)
+    topo, _ = load_text(one, "t.yaml")
+    assert not any(p.node_addr.peers_elsewhere for p in build_plan(topo).processes if p.node_addr)
     # Mooncake has no NIXL side channel.
     no_errors(
         doc(p_host="npu-node-1", d_host="npu-node-2", p_dev="npu", d_dev="npu", kind="mooncake")
     )
+
+
+def test_a_loopback_side_channel_address_with_peers_elsewhere_is_refused():
+    # An explicit address is used as written: loopback cannot be dialled from another machine.
+    hosts = f"hosts:\n  gaudi-node-1:\n    address: 127.0.0.1  {MARK}\n"
+    text = doc(p_host="gaudi-node-1", hosts=hosts)
+    f = finding(text, "side-channel-host", ("hosts", "gaudi-node-1", "address"))
+    assert "loopback" in f.message and "hosts.gaudi-node-1.address" in f.fix
+    # A loopback name resolves to loopback on every node: refused where peers are elsewhere
+    # (a decode on localhost, dialled by the prefill in 0.32's push mode), once per field.
+    text = doc(p_host="10.0.0.1", d_host=f"localhost  {MARK}", r_host="localhost")
+    f = finding(text, "side-channel-host", ("decode", 0, "host"))
+    assert "loopback" in f.message and "network name" in f.fix
+    _, found = run_rules(doc(p_host="localhost", d_host="10.0.0.2", r_host="10.0.0.3"))
+    assert [f.rule for f in found if f.field == ("prefill", 0, "host")] == ["router-reach"] * 2
+    # On one machine it reaches every peer.
+    no_errors(doc(p_host="127.0.0.2", d_host="127.0.0.3", r_host="127.0.0.1",
+                  decode="    devices: [1]\n",
+                  hosts="hosts:\n  127.0.0.2:\n    address: 127.0.0.5\n"))  # fmt: skip
 
 
 def test_host_address_must_be_an_ip():

@@ -38,17 +38,18 @@ from pdlaunch.backends.slurm.oci import oci_flags, uses_oci
 from pdlaunch.hosts.shell import EXEC_OWNED
 from pdlaunch.plan.build import Plan, Process
 from pdlaunch.plan.containers import pyxis_flags
+from pdlaunch.plan.node_addr import NODE_ADDR, SIDE_CHANNEL_HOST
+from pdlaunch.plan.node_addr import PLACEHOLDER as NODE_ADDR_PLACEHOLDER
 from pdlaunch.plan.render import RenderedFile, render_plan, shquote, template_environment
 from pdlaunch.spec.addresses import host_key
 from pdlaunch.spec.devices import profile
 from pdlaunch.spec.slurm_options import SBATCH_VALUE as _SBATCH_VALUE
 from pdlaunch.spec.slurm_options import SlurmError, SlurmOptions
 
-SIDE_CHANNEL_HOST = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 CPU_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 DRIVER_NAME = "slurm-job.sh"
-# Variables the driver and node runner set on the node, read by the process scripts.
-NODE_ADDR = "PDLAUNCH_NODE_ADDR"
+# Variables the driver and node runner set on the node, read by the process scripts (the
+# node's address: the same variable an SSH script resolves itself, plan/node_addr.py).
 DEVICES = "PDLAUNCH_DEVICES"
 CPUS = "PDLAUNCH_CPU_BIND"
 
@@ -180,7 +181,8 @@ def _runtime_engine(p: Process, comps: list[Component]) -> Process:
         argv[argv.index("--data-parallel-address") + 1] = _placeholder(
             addr_var(c.index, c.node_of(master))
         )
-    return p.model_copy(update={"env": env, "argv": argv})
+    # The driver sets NODE_ADDR from Slurm's NodeAddr: the script resolves nothing itself.
+    return p.model_copy(update={"env": env, "argv": argv, "node_addr": None})
 
 
 def _in_step(p: Process) -> Process:
@@ -191,9 +193,22 @@ def _in_step(p: Process) -> Process:
     return p
 
 
+def _without_node_addr(p: Process) -> Process:
+    if p.node_addr is None:
+        return p
+    env = dict(p.env)
+    if env.get(SIDE_CHANNEL_HOST) == NODE_ADDR_PLACEHOLDER:
+        del env[SIDE_CHANNEL_HOST]
+    return p.model_copy(update={"env": env})
+
+
 def runtime_plan(plan: Plan) -> Plan:
     """The plan with every value Slurm decides at run time replaced by a placeholder."""
-    text = plan.model_dump_json()
+    # The plan's own placeholder (a side-channel host the node resolves at start) is the
+    # one this backend fills with the node's address too; any other is the user's text.
+    text = plan.model_copy(
+        update={"processes": [_without_node_addr(p) for p in plan.processes]}
+    ).model_dump_json()
     if _PLACEHOLDER_MARK in text:
         raise SlurmError(
             f"the plan contains the text {_PLACEHOLDER_MARK!r}, which the Slurm backend "
