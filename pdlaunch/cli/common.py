@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from pdlaunch.hosts import HostPool
     from pdlaunch.hosts.options import ConnectOptions
     from pdlaunch.plan.build import Plan
-    from pdlaunch.rules import Finding
+    from pdlaunch.rules import Finding, Judgement
     from pdlaunch.spec.load import LoadError, Source
     from pdlaunch.spec.topology import Topology
 
@@ -235,15 +235,27 @@ def judged(
 ) -> list[Finding]:
     """Every rule's findings on ``topo``; exit 1 on errors. The findings are printed, but
     those in ``shown`` (already printed for the same file)."""
-    from pdlaunch.rules import has_errors, validate
+    return judgement(path, topo, source, as_json, skip, shown).findings
 
-    findings = validate(topo, source, skip)
-    if has_errors(findings):
-        refuse(path, findings, as_json)
-    new = [f for f in findings if f not in (shown or [])]
+
+def judgement(
+    path: Path,
+    topo: Topology,
+    source: Source,
+    as_json: bool,
+    skip: frozenset[str] = frozenset(),
+    shown: list[Finding] | None = None,
+) -> Judgement:
+    """:func:`judged`, with the warnings the topology accepts kept apart (for `validate`)."""
+    from pdlaunch.rules import has_errors, judge
+
+    result = judge(topo, source, skip)
+    if has_errors(result.findings):
+        refuse(path, result.findings, as_json)
+    new = [f for f in result.findings if f not in (shown or [])]
     if new and not as_json:
         print_findings(new)
-    return findings
+    return result
 
 
 def refuse(path: Path, findings: list[Finding], as_json: bool, backend: str = "") -> NoReturn:

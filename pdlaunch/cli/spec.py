@@ -21,7 +21,8 @@ from pdlaunch.cli.common import (
     app,
     bad_input,
     finding_dict,
-    load_valid,
+    judgement,
+    load_or_exit,
     out,
     plan_or_exit,
     print_json,
@@ -47,6 +48,7 @@ from pdlaunch.plan import kv_geometry as kvgeometry
 from pdlaunch.plan.build import KvPair, Process
 from pdlaunch.plan.kv_path import PairPath
 from pdlaunch.plan.node_addr import on_node_hosts
+from pdlaunch.spec.load import dotted
 from pdlaunch.spec.topology import Topology
 
 
@@ -131,7 +133,9 @@ def validate_cmd(
     if which == "k8s":
         k8s_cli.validate(topology, k8s_target, image, as_json)
         return
-    topo, findings = load_valid(topology, as_json)
+    topo, source = load_or_exit(topology, as_json)
+    result = judgement(topology, topo, source, as_json)
+    findings = result.findings
     paths = kvgeometry.pair_paths(topo)
     on_node = on_node_hosts(topo)
     if as_json:
@@ -139,16 +143,24 @@ def validate_cmd(
             {
                 "valid": True,
                 "findings": [finding_dict(f) for f in findings],
+                "accepted": [{**finding_dict(f), "reason": why} for f, why in result.accepted],
                 "kv_paths": [_path_dict(p) for p in paths],
                 "kv_address_on_node": on_node,
             }
         )
     else:
         n = len(topo.prefill) + len(topo.decode)
-        out.print(f"[green]{topology}: valid[/] ({n} instances, {len(findings)} warning(s))")
-        for line in kv_path_lines(paths, min(out.width, 100)):
+        warnings = sum(f.severity == "warning" for f in findings)
+        also = f", {len(result.accepted)} accepted" if result.accepted else ""
+        out.print(f"[green]{topology}: valid[/] ({n} instances, {warnings} warning(s){also})")
+        width = min(out.width, 100)
+        for f, why in result.accepted:
+            text = f"accepted [{f.rule}] {dotted(f.field)}: {why}"
+            for line in textwrap.wrap(text, width, subsequent_indent="  "):
+                out.print(f"[dim]{escape(line)}[/]")
+        for line in kv_path_lines(paths, width):
             out.print(line)
-        for line in on_node_lines(on_node, min(out.width, 100)):
+        for line in on_node_lines(on_node, width):
             out.print(line)
 
 

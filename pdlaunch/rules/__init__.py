@@ -25,9 +25,11 @@ from pdlaunch.rules.base import (
     RUNTIME_ADDRESSED,
     SLURM_SKIP,
     Finding,
+    Judgement,
     Rule,
     check,
     has_errors,
+    judge,
     validate,
 )
 
@@ -38,8 +40,10 @@ __all__ = [
     "RUNTIME_ADDRESSED",
     "SLURM_SKIP",
     "Finding",
+    "Judgement",
     "Rule",
     "check",
     "has_errors",
+    "judge",
     "validate",
 ]

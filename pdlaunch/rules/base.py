@@ -83,7 +83,52 @@ def check(topo: Topology, skip: frozenset[str] = frozenset()) -> list[Finding]:
 
 def validate(topo: Topology, source: Source, skip: frozenset[str] = frozenset()) -> list[Finding]:
     """All findings, each with the file and line of its field, errors first (`skip`: rule ids
-    a backend makes moot, e.g. RUNTIME_ADDRESSED)."""
+    a backend makes moot, e.g. RUNTIME_ADDRESSED), less the warnings the topology accepts
+    (:func:`judge` keeps those apart)."""
+    return judge(topo, source, skip).findings
+
+
+ACCEPTED = "accepted-warnings"
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The findings a topology gets, less the warnings it accepts (`accepted_warnings:`, each
+    with its reason), which are kept apart so `validate` can still name them."""
+
+    findings: list[Finding]
+    accepted: list[tuple[Finding, str]]
+
+
+def judge(topo: Topology, source: Source, skip: frozenset[str] = frozenset()) -> Judgement:
+    """Every rule's findings (as :func:`validate`), with the topology's accepted warnings set
+    apart. An accepted id no rule has is an error (a typo would otherwise hide nothing and look
+    like it hid something); one whose rule ran and gave no warning is a warning (stale). An
+    error is never accepted."""
+    found = _located(topo, source, skip)
+    wanted = topo.accepted_warnings
+    known = {r.id for r in RULES}
+    extra: list[Finding] = []
+    for rule_id in wanted:
+        field = ("accepted_warnings", rule_id)
+        if rule_id not in known:
+            extra.append(error(ACCEPTED, field, f"no rule has the id {rule_id!r}",
+                               "use a rule id `validate` prints in brackets, e.g. cpu-budget",
+                               "pdlaunch/rules"))  # fmt: skip
+        elif rule_id not in skip and not any(
+            f.rule == rule_id and f.severity == "warning" for f in found
+        ):
+            extra.append(warning(ACCEPTED, field, f"{rule_id} is accepted but gives no warning "
+                                 "on this topology", "remove it from accepted_warnings",
+                                 "pdlaunch/rules"))  # fmt: skip
+    kept = [f for f in found if not (f.severity == "warning" and f.rule in wanted)]
+    accepted = [(f, wanted[f.rule]) for f in found if f not in kept]
+    located = [replace(f, file=source.file, line=source.line(f.field)) for f in extra]
+    findings = sorted(kept + located, key=lambda f: (f.severity != "error", f.line or 0))
+    return Judgement(findings, accepted)
+
+
+def _located(topo: Topology, source: Source, skip: frozenset[str]) -> list[Finding]:
     out = [replace(f, file=source.file, line=source.line(f.field)) for f in check(topo, skip)]
     return sorted(out, key=lambda f: (f.severity != "error", f.line or 0))
 

@@ -18,6 +18,7 @@ from pydantic import (
     Field,
     GetJsonSchemaHandler,
     PrivateAttr,
+    StringConstraints,
     field_validator,
     model_validator,
 )
@@ -69,6 +70,7 @@ SECRET_MARK = re.compile(r"\$\{\s*env\s*:", re.IGNORECASE)
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 HOSTNAME = re.compile(r"[A-Za-z0-9_.:%-]{1,253}")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+RULE_ID = re.compile(r"[a-z][a-z0-9-]{0,63}")
 
 
 class Strict(BaseModel):
@@ -474,6 +476,16 @@ class Topology(Strict):
         None,
         description="Settings of --backend slurm, the same as its flags (which override "
         "them); ignored over SSH, where `validate` says so",
+    )
+    accepted_warnings: dict[
+        Annotated[str, StringConstraints(pattern=f"^{RULE_ID.pattern}$")],
+        Annotated[str, StringConstraints(min_length=1, max_length=500)],
+    ] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Warnings this topology knows it has, by rule id, each with the reason: "
+        "`validate` lists them as accepted, not as warnings (an error is never accepted; an "
+        "accepted warning that no longer fires is a warning itself)",
     )
     # Derived values computed once per topology (see kvgeometry.py, ports.py); not a field.
     _derived: dict = PrivateAttr(default_factory=dict)
