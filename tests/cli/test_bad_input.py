@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from pdlaunch.cli import app
 from pdlaunch.cli.spec import PORT_LABELS, compact_ranges
+from tests.support.example_text import local_cpu_warning_text
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = ROOT / "topologies" / "local-cpu.yaml"
@@ -281,8 +282,10 @@ def test_export_k8s_writes_manifests_and_refuses_a_bad_topology(tmp_path):
     assert not (tmp_path / "none").exists()
 
 
-def test_up_canary_scope_other_than_all_or_router_is_exit_2_before_anything_runs():
-    res = run("up", str(ROOT / "topologies" / "local-cpu.yaml"), "--canary-scope", "pairs")
+def test_up_canary_scope_other_than_all_or_router_is_exit_2_before_anything_runs(tmp_path):
+    # Without its accepted_warnings the example warns (cpu-budget) when it is validated.
+    path = write(tmp_path, local_cpu_warning_text())
+    res = run("up", str(path), "--canary-scope", "pairs")
     assert res.exit_code == 2, res.output
     assert "--canary-scope 'pairs': expected all or router" in res.output
     assert "[cpu-budget]" not in res.output  # refused before the topology is validated
