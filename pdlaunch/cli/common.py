@@ -208,7 +208,7 @@ def finding_lines(f: Finding, width: int = 80) -> list[str]:
 
 
 def print_findings(findings: list[Finding]) -> None:
-    width = max(40, min(err.width, 100))
+    width = max(40, err.width)
     for f in findings:
         head, *body = finding_lines(f, width)
         color = "red" if f.severity == "error" else "yellow"
