@@ -43,7 +43,9 @@ from pdlaunch.cli.slurm import (
     StartTimeoutOpt,
     TimeOpt,
 )
+from pdlaunch.kv import progress
 from pdlaunch.plan import kv_geometry as kvgeometry
+from pdlaunch.plan import nixl_progress
 from pdlaunch.plan.build import KvPair, Process
 from pdlaunch.plan.kv_path import PairPath
 from pdlaunch.spec.topology import Topology
@@ -138,12 +140,15 @@ def validate_cmd(
                 "valid": True,
                 "findings": [finding_dict(f) for f in findings],
                 "kv_paths": [_path_dict(p) for p in paths],
+                "nixl_progress": nixl_progress.explain(topo),
             }
         )
     else:
         n = len(topo.prefill) + len(topo.decode)
         out.print(f"[green]{topology}: valid[/] ({n} instances, {len(findings)} warning(s))")
         for line in kv_path_lines(paths, min(out.width, 100)):
+            out.print(line)
+        for line in wrapped(nixl_progress.explain(topo), min(out.width, 100)):
             out.print(line)
 
 
@@ -159,6 +164,12 @@ PATH_LABELS = {
     "extension": "pdlaunch KV extension",
     "refused": "refused",
 }
+
+
+def wrapped(texts: Iterable[str], width: int) -> list[str]:
+    """Each text wrapped to ``width``, continuation lines indented, escaped for rich."""
+    return [escape(w) for t in texts
+            for w in textwrap.wrap(t, width, subsequent_indent="  ")]  # fmt: skip
 
 
 def kv_path_lines(paths: Iterable[PairPath | KvPair], width: int = 80) -> list[str]:
@@ -203,6 +214,8 @@ def plan_cmd(topology: TopologyArg, as_json: JsonOpt = False) -> None:
             head += f", {release}" if fits else f"\n  {release}"
         out.print(head)
         out.print(f"  health {escape(p.health_url or '(headless)')}")
+        if p.env.get(progress.ENV_VAR):
+            out.print(f"  nixl   progress thread poll delay {p.env[progress.ENV_VAR]} us (shim)")
         for i, line in enumerate(port_lines(p)):
             out.print(f"  {'ports ' if i == 0 else '      '} {line}")
     out.print()

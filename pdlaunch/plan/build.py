@@ -14,11 +14,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from pdlaunch import kv as kv_extension
+from pdlaunch.kv import progress
 from pdlaunch.plan import kv_geometry as kv
 from pdlaunch.plan import kv_readers as kvreaders
 from pdlaunch.plan.containers import ContainerSpec
 from pdlaunch.plan.containers import spec as container_spec
 from pdlaunch.plan.env import derived_env, devices_of
+from pdlaunch.plan.nixl_progress import progress_delay_us
 from pdlaunch.plan.ports import (
     Node,
     PortKind,
@@ -380,7 +382,11 @@ def _serve_env(
         derived, topo.defaults.env, _host_settings(topo, node.host).env, inst.env
     )
     prepend = [*topo.defaults.ld_library_path, *profile(inst.device).ld_library_path]
-    return plain, ({"LD_LIBRARY_PATH": prepend} if prepend else {}), secret
+    paths = {"LD_LIBRARY_PATH": prepend} if prepend else {}
+    if progress_delay_us(topo, inst):
+        # First on PYTHONPATH: Python runs the shim at start-up in every engine process.
+        paths["PYTHONPATH"] = [str(progress.SHIM_DIR)]
+    return plain, paths, secret
 
 
 def _paths(work_dir: str, name: str) -> dict[str, str]:

@@ -24,6 +24,7 @@ from pdlaunch.check.probes import (
     cpu,
     gaudi,
     model,
+    nixl,
     nvidia,
     ports,
     rdma,
@@ -43,7 +44,7 @@ from pdlaunch.check.probes.base import (
 )
 
 #: the modules in report order (fabric, accelerators, every host, optional)
-MODULES = (rdma, ucx, nvidia, gaudi, ascend, cpu, ports, versions, model, vllm, bandwidth)
+MODULES = (rdma, ucx, nvidia, gaudi, ascend, cpu, ports, versions, nixl, model, vllm, bandwidth)
 PROBES: tuple[Probe, ...] = tuple(p for m in MODULES for p in m.PROBES)
 
 
