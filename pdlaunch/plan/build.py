@@ -440,11 +440,24 @@ def _node_process(topo: Topology, node: Node, bases: dict, mooncake: dict) -> Pr
         devices=devices,
         dp_ranks=_dp_ranks(node),
         work_dir=work_dir,
-        container=container_spec(
-            topo, inst.container, inst.device, node.name, node.role, _run_dir(work_dir)
+        container=_with_shim(
+            container_spec(
+                topo, inst.container, inst.device, node.name, node.role, _run_dir(work_dir)
+            ),
+            prepend,
         ),
         **_paths(work_dir, node.name),
     )
+
+
+def _with_shim(c: ContainerSpec | None, prepend: dict[str, list[str]]) -> ContainerSpec | None:
+    """A container sees the NIXL progress shim at the host's path (read-only), as the
+    PYTHONPATH entry prepended inside it names it."""
+    shim = str(progress.SHIM_DIR)
+    if c is None or shim not in prepend.get("PYTHONPATH", []):
+        return c
+    mount = f"{shim}:{shim}:ro"
+    return c if mount in c.mounts else c.model_copy(update={"mounts": [*c.mounts, mount]})
 
 
 def _dp_ranks(node: Node) -> list[int]:

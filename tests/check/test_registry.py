@@ -42,6 +42,7 @@ def test_selection():
         "nvidia.peermem",
         "ports.listen",
         "versions",
+        "nixl.progress_shim",
         "model.path",
         "vllm.argv",
     ]
@@ -56,6 +57,7 @@ def test_selection():
         "ascend.tls",
         "ports.listen",
         "versions",
+        "nixl.progress_shim",
         "model.path",
         "vllm.argv",
     ]
@@ -63,6 +65,7 @@ def test_selection():
         "cpu.cores",
         "ports.listen",
         "versions",
+        "nixl.progress_shim",
         "model.path",
     ]
     ascend_rdma = families_of(["npu"]), {"rdma"}

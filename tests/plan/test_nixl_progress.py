@@ -183,3 +183,18 @@ def test_hostile_values_are_one_line_schema_errors(tmp_path, value, says):
     assert "Traceback" not in res.stderr + res.stdout
     err = [line for line in (res.stderr + res.stdout).splitlines() if line.strip()]
     assert len(err) == 1 and "kv_connector.progress_delay_us" in err[0] and says in err[0], err
+
+
+def test_a_container_gets_the_shim_mounted_and_prepended_inside():
+    data = yaml.safe_load(topo_text())
+    data["defaults"] = {"container": {"image": "vllm-cpu:0.32", "runtime": "podman"}}
+    topo, _ = load_text(yaml.safe_dump(data), "t.yaml")
+    for p in engines(yaml.safe_dump(data)).values():
+        assert p.container is not None
+        assert f"{SHIM}:{SHIM}:ro" in p.container.mounts
+    files = {f.name: f.content for f in render_plan(build_plan(topo))}
+    script = files["prefill-0.sh"]
+    # prepended inside the container, to the image's own PYTHONPATH
+    assert f"export PDLAUNCH_PREPEND_PYTHONPATH={SHIM}\n" in script
+    assert f"-v {SHIM}:{SHIM}:ro" in script
+    assert f"--env {progress.ENV_VAR}" in script
