@@ -15,7 +15,7 @@ Python imports this file at start-up in the API server, the engine core and ever
 (children inherit the environment). It adds an import hook for NIXL's compiled bindings;
 when vLLM builds an agent, the hook sets the delay on the agent's config, and only when the
 Python agent left it at the hard-coded 0. It then writes one line to stderr (the engine's
-log), :data:`MARK`, which the tests and ``pdlaunch doctor`` read.
+log), :data:`MARK`, which the e2e tests look for.
 
 Robust by construction: nothing happens without the variable; a value that is not a whole
 number of microseconds, bindings without ``nixlAgent`` / ``pthrDelay``, or any error in the
