@@ -91,10 +91,11 @@ def main() -> None:
     ap.add_argument("-n", "--num-prompts", type=int, default=40)
     ap.add_argument("--base-port", type=int, default=18100)
     ap.add_argument("--max-load", type=float, default=3.0)
+    ap.add_argument("--decodes", type=int, nargs="+", default=[1, 2], help="shapes: 1P<n>D")
     a = ap.parse_args()
     if _loadavg() > a.max_load:
         sys.exit(f"load average {_loadavg()} is above {a.max_load}: not measuring (--max-load)")
-    for decodes in (1, 2):
+    for decodes in a.decodes:
         for variant, delay in (("stock", 0), ("setting", "auto")):
             with tempfile.TemporaryDirectory(prefix="pd-delay-") as tmp:
                 topo = _topology(Path(tmp), a.model, decodes, delay, a.base_port)
