@@ -35,6 +35,8 @@ def _topology(dst: Path, model: str, decodes: int, delay: int | str, base: int) 
     data["deployment"] = f"pd-delay-{decodes}-{delay}"
     data["model"]["name"] = model
     data["defaults"]["work_dir"] = str(dst / "work")
+    # the vLLM of the venv running this (check's probes and the engines use it)
+    data["defaults"]["vllm_bin"] = str(Path(sys.executable).parent / "vllm")
     data["prefill"][0]["port"] = base
     decode = data["decode"][0]
     data["decode"] = [{**decode, "port": base + 1 + i} for i in range(decodes)]
@@ -99,7 +101,8 @@ def main() -> None:
         for variant, delay in (("stock", 0), ("setting", "auto")):
             with tempfile.TemporaryDirectory(prefix="pd-delay-") as tmp:
                 topo = _topology(Path(tmp), a.model, decodes, delay, a.base_port)
-                subprocess.run([*PD, "up", str(topo)], check=True, timeout=1800)
+                if subprocess.run([*PD, "up", str(topo)], timeout=1800).returncode != 0:
+                    sys.exit(f"pdlaunch up {topo.name} failed (its output above)")
                 try:
                     idle = busiest_idle(Path(tmp) / "work")
                     for conc in (1, 4):
