@@ -41,7 +41,11 @@ def _topology(dst: Path, model: str, decodes: int, delay: int | str, base: int) 
     decode = data["decode"][0]
     data["decode"] = [{**decode, "port": base + 1 + i} for i in range(decodes)]
     data["kv_connector"].update(side_channel_port=base + 10, progress_delay_us=delay)
-    data["router"].update(port=base + 20, prometheus_port=base + 21)
+    data["router"].update(
+        port=base + 20,
+        prometheus_port=base + 21,
+        binary=str(Path(sys.executable).parent / "vllm-router"),
+    )
     path = dst / f"{data['deployment']}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
