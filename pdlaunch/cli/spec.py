@@ -44,7 +44,9 @@ from pdlaunch.cli.slurm import (
     StartTimeoutOpt,
     TimeOpt,
 )
+from pdlaunch.kv import progress
 from pdlaunch.plan import kv_geometry as kvgeometry
+from pdlaunch.plan import nixl_progress
 from pdlaunch.plan.build import KvPair, Process
 from pdlaunch.plan.kv_path import PairPath
 from pdlaunch.plan.node_addr import on_node_hosts
@@ -146,6 +148,7 @@ def validate_cmd(
                 "accepted": [{**finding_dict(f), "reason": why} for f, why in result.accepted],
                 "kv_paths": [_path_dict(p) for p in paths],
                 "kv_address_on_node": on_node,
+                "nixl_progress": nixl_progress.explain(topo),
             }
         )
     else:
@@ -161,6 +164,8 @@ def validate_cmd(
         for line in kv_path_lines(paths, width):
             out.print(line)
         for line in on_node_lines(on_node, width):
+            out.print(line)
+        for line in wrapped(nixl_progress.explain(topo), width):
             out.print(line)
 
 
@@ -189,6 +194,12 @@ PATH_LABELS = {
     "extension": "pdlaunch KV extension",
     "refused": "refused",
 }
+
+
+def wrapped(texts: Iterable[str], width: int) -> list[str]:
+    """Each text wrapped to ``width``, continuation lines indented, escaped for rich."""
+    return [escape(w) for t in texts
+            for w in textwrap.wrap(t, width, subsequent_indent="  ")]  # fmt: skip
 
 
 def kv_path_lines(paths: Iterable[PairPath | KvPair], width: int = 80) -> list[str]:
@@ -235,6 +246,8 @@ def plan_cmd(topology: TopologyArg, as_json: JsonOpt = False) -> None:
         out.print(f"  health {escape(p.health_url or '(headless)')}")
         if p.node_addr:
             out.print(f"  kv address: {escape(p.node_addr.name)}, resolved on the node at start")
+        if p.env.get(progress.ENV_VAR):
+            out.print(f"  nixl   progress thread poll delay {p.env[progress.ENV_VAR]} us (shim)")
         for i, line in enumerate(port_lines(p)):
             out.print(f"  {'ports ' if i == 0 else '      '} {line}")
     out.print()

@@ -14,12 +14,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from pdlaunch import kv as kv_extension
+from pdlaunch.kv import progress
 from pdlaunch.plan import kv_geometry as kv
 from pdlaunch.plan import kv_readers as kvreaders
 from pdlaunch.plan.containers import ContainerSpec
 from pdlaunch.plan.containers import spec as container_spec
 from pdlaunch.plan.env import derived_env, devices_of
 from pdlaunch.plan.node_addr import NodeAddress, node_address
+from pdlaunch.plan.nixl_progress import progress_delay_us
 from pdlaunch.plan.ports import (
     Node,
     PortKind,
@@ -384,7 +386,11 @@ def _serve_env(
         derived, topo.defaults.env, _host_settings(topo, node.host).env, inst.env
     )
     prepend = [*topo.defaults.ld_library_path, *profile(inst.device).ld_library_path]
-    return plain, ({"LD_LIBRARY_PATH": prepend} if prepend else {}), secret
+    paths = {"LD_LIBRARY_PATH": prepend} if prepend else {}
+    if progress_delay_us(topo, inst):
+        # First on PYTHONPATH: Python runs the shim at start-up in every engine process.
+        paths["PYTHONPATH"] = [str(progress.SHIM_DIR)]
+    return plain, paths, secret
 
 
 def _paths(work_dir: str, name: str) -> dict[str, str]:
@@ -439,11 +445,24 @@ def _node_process(topo: Topology, node: Node, bases: dict, mooncake: dict) -> Pr
         devices=devices,
         dp_ranks=_dp_ranks(node),
         work_dir=work_dir,
-        container=container_spec(
-            topo, inst.container, inst.device, node.name, node.role, _run_dir(work_dir)
+        container=_with_shim(
+            container_spec(
+                topo, inst.container, inst.device, node.name, node.role, _run_dir(work_dir)
+            ),
+            prepend,
         ),
         **_paths(work_dir, node.name),
     )
+
+
+def _with_shim(c: ContainerSpec | None, prepend: dict[str, list[str]]) -> ContainerSpec | None:
+    """A container sees the NIXL progress shim at the host's path (read-only), as the
+    PYTHONPATH entry prepended inside it names it."""
+    shim = str(progress.SHIM_DIR)
+    if c is None or shim not in prepend.get("PYTHONPATH", []):
+        return c
+    mount = f"{shim}:{shim}:ro"
+    return c if mount in c.mounts else c.model_copy(update={"mounts": [*c.mounts, mount]})
 
 
 def _dp_ranks(node: Node) -> list[int]:

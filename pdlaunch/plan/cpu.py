@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pdlaunch.plan.nixl_progress import progress_delay_us
 from pdlaunch.plan.ports import Node, all_nodes
 from pdlaunch.spec.addresses import host_key
 from pdlaunch.spec.devices import CpuBudget, profile
@@ -78,6 +79,10 @@ def host_budgets(topo: Topology, cores_of) -> list[HostBudget]:
             budget = _budget(n)
             assert budget is not None
             busy += len(cores_of(n)) + budget.busy_threads
+            if progress_delay_us(topo, n.instance):
+                # NIXL's progress thread sleeps in poll() between events: not a busy thread
+                # (measured idle: under 2 % of a core; docs/cpu-pd-recipe.md, gotcha 7).
+                busy -= 1
         nixl = tuple(n.name for n in nodes) if topo.kv_connector.kind == "nixl" else ()
         out.append(
             HostBudget(

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pdlaunch.kv import progress
 from pdlaunch.plan import kv_geometry as kv
 from pdlaunch.plan.cpu import assign_cores
 from pdlaunch.plan.node_addr import PLACEHOLDER, SIDE_CHANNEL_HOST, resolves_on_node
+from pdlaunch.plan.nixl_progress import progress_delay_us
 from pdlaunch.plan.ports import Node, side_channel_bases
 from pdlaunch.spec import facts
 from pdlaunch.spec.devices import PROFILES, profile
@@ -113,6 +115,10 @@ def _derived_env(topo: Topology, node: Node) -> dict[str, EnvValue]:
             # VLLM_HPU_HETERO_KV_LAYOUT=true imports hetero_hpu_nixl_connector).
             for name, value in path.post.env.items():
                 env[name] = EnvValue(value, f"plugin ({path.plugin_id}, native KV conversion)")
+        delay = progress_delay_us(topo, inst)
+        if delay:
+            # Read by the start-up shim the plan puts on PYTHONPATH (pdlaunch/kv/nixl_progress).
+            env[progress.ENV_VAR] = EnvValue(str(delay), "kv_connector.progress_delay_us")
         lease = topo.kv_connector.kv_lease_duration
         if lease and _abort_timeout_release(topo, node):
             # Before 0.23 NIXL had no lease: prefill freed unfetched KV after this timeout

@@ -47,7 +47,8 @@ def cpu_budget(topo: Topology) -> Iterator[Finding]:
                 field,
                 f"{b.host} has {b.cpus} cores but its CPU engines ({engines}) keep "
                 f"{b.busy_threads} threads busy (one OpenMP thread per bound core, plus the "
-                "worker's busy loop and the NIXL progress thread each): requests queue "
+                "worker's busy loop each, and NIXL's progress thread where "
+                "kv_connector.progress_delay_us is 0): requests queue "
                 "behind each other's threads and the tail latency grows (measured: "
                 "docs/cpu-pd-recipe.md, CPU budget)",
                 "place fewer CPU engines on this host, or give it more cores",

@@ -97,6 +97,11 @@ class DeviceProfile:
     probe_families: tuple[str, ...] = ()
     # Devices that are host cores: what an engine costs the host (None elsewhere).
     cpu_budget: CpuBudget | None = None
+    # The poll delay (µs) of NIXL's progress thread when kv_connector.progress_delay_us is
+    # "auto"; 0 leaves NIXL's busy poll (nixl 1.5.1 hard-codes it, pdlaunch/kv/progress.py).
+    # An engine whose cores are the host's (CPU) must not keep one spinning; an accelerator
+    # node's spare core keeps NIXL's own choice unless the topology asks.
+    progress_delay_us: int = 0
     container: ContainerNeeds = field(default_factory=ContainerNeeds)
     source: str = ""
 
@@ -367,6 +372,9 @@ PROFILES: dict[str, DeviceProfile] = {
         can_reblock=True,
         layout_env=False,
         cpu_budget=CpuBudget(),
+        # 1 ms: the idle spin goes (no engine thread above 2 % of a core) and a transfer
+        # waits at most 1 ms more for a missed UCX event (docs/cpu-pd-recipe.md, gotcha 7).
+        progress_delay_us=1000,
         # UCX's shared-memory transport (ucx_tls "sm" above) maps segments in /dev/shm and
         # reads peers' memory (CMA), so both engines share the host's IPC namespace.
         container=ContainerNeeds(ipc_host=True, source="UCX_TLS sm: posix/sysv shm + cma"),

@@ -19,6 +19,7 @@ from pydantic import (
     GetJsonSchemaHandler,
     PrivateAttr,
     StringConstraints,
+    StrictInt,
     field_validator,
     model_validator,
 )
@@ -27,6 +28,7 @@ from pdlaunch.spec import facts
 
 # Address predicates live in pdlaunch.spec.addresses (one definition for rules, plan and hosts);
 # is_loopback stays importable from here for nodeenv.py.
+from pdlaunch.kv.progress import MAX_DELAY_US
 from pdlaunch.spec.addresses import address_key, canonical_host, is_ip_literal
 from pdlaunch.spec.addresses import is_loopback as is_loopback
 from pdlaunch.spec.backend_settings import SlurmSettings
@@ -60,6 +62,8 @@ Role = Literal["prefill", "decode"]
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 PositiveInt = Annotated[int, Field(ge=1)]
+# Strict: YAML `true` or `1.5` is refused, not read as 1. Ceiling: pdlaunch/kv/progress.py.
+ProgressDelay = Annotated[StrictInt, Field(ge=0, le=MAX_DELAY_US)]
 
 SECRET_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 # Anything that looks like the start of a reference: a malformed one (`${env:HF_TOKEN`,
@@ -431,6 +435,13 @@ class KvConnector(Strict):
         None,
         description="Seconds prefill holds KV blocks for decode to pull (vLLM default 30); "
         "raise it on slow or loaded hosts",
+    )
+    progress_delay_us: Literal["auto"] | ProgressDelay = Field(
+        "auto",
+        description="Microseconds NIXL's UCX progress thread waits in poll() between "
+        "wake-ups instead of spinning a core (nixl 1.5.1 hard-codes 0, nixl_cu12/_api.py:226): "
+        "pdlaunch renders a start-up shim (pdlaunch/kv/nixl_progress) that sets it. 'auto' "
+        "(default): 1000 on CPU instances, off elsewhere; 0: off",
     )
     mooncake: Mooncake = Field(default_factory=Mooncake)
 

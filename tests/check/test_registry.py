@@ -43,6 +43,7 @@ def test_selection():
         "node_addr.resolve",
         "ports.listen",
         "versions",
+        "nixl.progress_shim",
         "model.path",
         "vllm.argv",
     ]
@@ -57,6 +58,7 @@ def test_selection():
         "ascend.tls",
         "ports.listen",
         "versions",
+        "nixl.progress_shim",
         "model.path",
         "vllm.argv",
     ]
@@ -64,6 +66,7 @@ def test_selection():
         "cpu.cores",
         "ports.listen",
         "versions",
+        "nixl.progress_shim",
         "model.path",
     ]
     ascend_rdma = families_of(["npu"]), {"rdma"}

@@ -7,7 +7,6 @@ PYTHONPATH, and the command runs outside the repository, so the source tree cann
 
 from __future__ import annotations
 
-import filecmp
 import importlib.util
 import json
 import os
@@ -19,6 +18,7 @@ import zipfile
 from pathlib import Path
 
 from pdlaunch.backends.slurm import job as slurm
+from pdlaunch.kv import progress
 from pdlaunch.plan.build import build_plan
 from pdlaunch.plan.render import render_plan, write_files
 from pdlaunch.spec.load import load
@@ -74,16 +74,18 @@ def test_installed_wheel_renders_like_the_source_tree(tmp_path):
     where = sh(
         py,
         "-c",
-        "import json, pdlaunch, pdlaunch.plan.render as r;"
-        "print(json.dumps([pdlaunch.__file__, str(r.templates_dir())]))",
+        "import json, pdlaunch, pdlaunch.plan.render as r, pdlaunch.kv.progress as k;"
+        "print(json.dumps([pdlaunch.__file__, str(r.templates_dir()), str(k.SHIM_DIR)]))",
         cwd=work,
         env=env,
         timeout=120,
     )
-    module, templates = (Path(p).resolve() for p in json.loads(where.stdout))
+    module, templates, shim = (Path(p).resolve() for p in json.loads(where.stdout))
     assert module.is_relative_to(venv.resolve()), module
     assert templates.is_relative_to(venv.resolve()), templates
     assert (templates / "process.sh.j2").is_file()
+    # the NIXL progress shim ships in the wheel; the engines' PYTHONPATH names it there
+    assert shim.is_relative_to(venv.resolve()) and (shim / "sitecustomize.py").is_file(), shim
 
     sh(py, "-m", "pdlaunch", "render", topology.name, "-o", "out", cwd=work, env=env,
        timeout=120)  # fmt: skip
@@ -93,7 +95,9 @@ def test_installed_wheel_renders_like_the_source_tree(tmp_path):
     got, expected = work / "out", tmp_path / "expected"
     assert sorted(p.name for p in got.iterdir()) == sorted(p.name for p in expected.iterdir())
     for path in expected.iterdir():
-        assert filecmp.cmp(path, got / path.name, shallow=False), path.name
+        # the one difference: where each pdlaunch has its shim (the plan names its own)
+        want = path.read_text().replace(str(progress.SHIM_DIR), str(shim))
+        assert (got / path.name).read_text() == want, path.name
         assert (got / path.name).stat().st_mode == path.stat().st_mode, path.name
 
     # The Slurm job's shell (templates/slurm) renders from the wheel as from the source tree.
@@ -112,6 +116,7 @@ def test_installed_wheel_renders_like_the_source_tree(tmp_path):
         timeout=120,
     )
     expected_job = {
-        f.name: f.content for f in slurm.render_job(build_plan(topo), slurm.SlurmOptions())
+        f.name: f.content.replace(str(progress.SHIM_DIR), str(shim))
+        for f in slurm.render_job(build_plan(topo), slurm.SlurmOptions())
     }
     assert json.loads(slurm_job.stdout) == expected_job

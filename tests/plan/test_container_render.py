@@ -22,6 +22,7 @@ import yaml
 from pdlaunch.backends.k8s import manifests as k8s
 from pdlaunch.backends.slurm import job as slurm
 from pdlaunch.backends.slurm.job import SlurmOptions
+from pdlaunch.kv import progress
 from pdlaunch.plan.build import build_plan
 from pdlaunch.plan.render import render_plan, render_secrets
 from pdlaunch.rules import validate
@@ -105,7 +106,9 @@ def test_router_can_opt_out_and_instances_override():
     assert p is not None and d is not None
     assert (p.image, d.image) == ("localhost/pdl-engine:1", "other:2")
     # Lists add to the default's; scalars replace.
-    assert d.mounts == ["/models:/models:ro", "/x:/x"] and d.runtime == "podman"
+    # the NIXL progress shim (a CPU instance's default) is mounted where PYTHONPATH names it
+    shim = f"{progress.SHIM_DIR}:{progress.SHIM_DIR}:ro"
+    assert d.mounts == ["/models:/models:ro", "/x:/x", shim] and d.runtime == "podman"
     assert d.name == "pdl-ctr-decode-0" and d.labels["pdlaunch.process"] == "decode-0"
     assert d.cid_path == "/tmp/pdlaunch/ctr/run/decode-0.cid"
 
@@ -214,7 +217,12 @@ env > "$PDL_FAKE_OUT/env"
 
 def test_script_runs_the_plans_argv_in_the_container_with_env_by_name(tmp_path: Path):
     topo, _ = _topo(
-        **{"defaults.work_dir": str(tmp_path / "work"), "prefill.0.env": {"SPACED": "x y"}}
+        **{
+            "defaults.work_dir": str(tmp_path / "work"),
+            "prefill.0.env": {"SPACED": "x y"},
+            # no PYTHONPATH prepended inside (tests/plan/test_nixl_progress.py covers it)
+            "kv_connector.progress_delay_us": 0,
+        }
     )
     plan = build_plan(topo)
     p = plan.by_role("prefill")[0]
@@ -342,7 +350,8 @@ def test_slurm_pyxis_flags_and_the_step_script_execs_inside(tmp_path: Path):
     flags = shlex.split(lines[start + 2].rstrip("\\"))
     assert "--container-image=nvcr.io#nvidia/vllm:25.09" in flags
     assert "--container-name=pdl-ctr-prefill-0" in flags
-    assert f"--container-mounts={p.work_dir}:{p.work_dir},/models:/models:ro" in flags
+    shim = f"{progress.SHIM_DIR}:{progress.SHIM_DIR}:ro"
+    assert f"--container-mounts={p.work_dir}:{p.work_dir},/models:/models:ro,{shim}" in flags
     assert "--container-env=HF_HOME" in flags
     router = next(i for i, ln in enumerate(lines) if "--job-name=router" in ln)
     assert not any("--container-" in ln for ln in lines[router : router + 4])

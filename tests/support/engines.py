@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from pdlaunch.kv import progress
 from pdlaunch.observe.health import probe
 from tests.support.engine_requests import SERVED, complete
 
@@ -31,19 +32,9 @@ BIN = Path(sys.executable).parent
 PDLAUNCH = [sys.executable, "-m", "pdlaunch"]
 PLAIN_HEALTH_TIMEOUT = 600.0
 TINY_MODEL_SCRIPT = REPO / "tests" / "support" / "tiny_model.py"
-# NIXL's UCX progress thread busy-polls (one core per engine) unless given a delay; the test
-# engines get one (tests/support/nixl_progress_delay/sitecustomize.py says why and how).
-NIXL_PROGRESS_DELAY_DIR = REPO / "tests" / "support" / "nixl_progress_delay"
-NIXL_PROGRESS_DELAY_US = 1000
-# the line the hook writes to each engine's log when it reaches NIXL (its MARK)
-NIXL_PROGRESS_DELAY_MARK = "pdlaunch test hook: NIXL progress thread poll delay"
-
-
-def idle_nixl_env(pythonpath: str | None = None) -> dict[str, str]:
-    """The env that gives a test engine's NIXL progress thread a poll delay: the hook's
-    directory first on PYTHONPATH (then ``pythonpath``, if any) and the delay."""
-    path = str(NIXL_PROGRESS_DELAY_DIR) + (os.pathsep + pythonpath if pythonpath else "")
-    return {"PYTHONPATH": path, "PDLAUNCH_TEST_NIXL_PROGRESS_DELAY_US": str(NIXL_PROGRESS_DELAY_US)}
+# The line each engine's log gets when the topology's NIXL progress-thread poll delay
+# (kv_connector.progress_delay_us, on by default for CPU instances) reached its NIXL agent.
+NIXL_PROGRESS_DELAY_MARK = progress.MARK
 
 
 # -- the model --------------------------------------------------------------------------------
@@ -67,10 +58,9 @@ def tiny_model(path: Path) -> Path:
 
 
 def write_topology(src: Path, dst: Path, **changes: Any) -> dict[str, Any]:
-    """Copy topology ``src`` to ``dst`` with dotted-path changes ("prefill.0.port": 8100), its
-    engines' NIXL progress thread given a poll delay (``idle_nixl_env``)."""
+    """Copy topology ``src`` to ``dst`` with dotted-path changes ("prefill.0.port": 8100)."""
     data = yaml.safe_load(src.read_text())
-    data.setdefault("defaults", {}).setdefault("env", {}).update(idle_nixl_env())
+    data.setdefault("defaults", {}).setdefault("env", {})
     for dotted, value in changes.items():
         node = data
         keys = dotted.split(".")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tests.support.engine_requests import SERVED
-from tests.support.engines import BIN, idle_nixl_env
+from tests.support.engines import BIN
 
 # each namespace has its own port space: fixed ports cannot clash with other tests
 PREFILL_HTTP, DECODE_HTTP, SIDE_CHANNEL, ROUTER_HTTP, PLAIN_HTTP = 8100, 8200, 5600, 8123, 8300
@@ -66,7 +66,6 @@ def topology(
                 "VLLM_CPU_KVCACHE_SPACE": "1",
                 "UCX_NET_DEVICES": "eth0",  # the namespace's only link to the other hosts
                 "PDLAUNCH_PYTHON": sys.executable,  # check's version probe: this interpreter
-                **idle_nixl_env(),
             },
         },
         # Each namespace is its own host to pdlaunch, so by default every engine would bind

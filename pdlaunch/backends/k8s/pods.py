@@ -23,6 +23,7 @@ from pdlaunch.backends.k8s.model import (
     Token,
     WorkerRank,
 )
+from pdlaunch.kv import progress
 from pdlaunch.plan.build import Process
 from pdlaunch.plan.containers import ContainerSpec
 from pdlaunch.plan.env import VISIBLE_DEVICE_VARS
@@ -103,6 +104,9 @@ def pod_container_spec(proc: Process, notes: dict[str, None]) -> ContainerSpec |
 _HOST_BOUND_ENV: dict[str, str] = {
     **{var: "the device plugin exposes only the pod's own devices" for var in VISIBLE_DEVICE_VARS},
     "VLLM_CPU_OMP_THREADS_BIND": "the kubelet assigns a pod's cores; vLLM binds within them",
+    # The shim's directory is a path on the machine that planned it, not in the image.
+    progress.ENV_VAR: "the NIXL progress shim is not in the image (docs/cpu-pd-recipe.md, "
+    "gotcha 7); NIXL's progress thread spins a core per pod",
 }
 # nodeenv.py pins UCX to loopback for instances that share one machine; pods talk over the
 # pod network.
@@ -298,7 +302,9 @@ def engine_container(
     proc: Process, ctx: Context, image: str, side_channels: bool, notes: dict[str, None]
 ) -> Manifest:
     argv = _engine_argv(proc, ctx, notes)
-    command, args = container_command(argv, proc.path_prepend)
+    shim = str(progress.SHIM_DIR)
+    prepend = {k: [d for d in v if d != shim] for k, v in proc.path_prepend.items()}
+    command, args = container_command(argv, {k: v for k, v in prepend.items() if v})
     container: Manifest = {
         "name": "vllm",
         "image": image,

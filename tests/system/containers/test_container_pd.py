@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from pdlaunch.kv import progress
 from tests.support.engine_requests import (
     CPU_PD_PROMPTS,
     XFER_COUNT,
@@ -42,7 +43,6 @@ from tests.support.engine_requests import (
 from tests.support.engines import (
     BIN,
     LOCAL_CPU,
-    NIXL_PROGRESS_DELAY_DIR,
     PDLAUNCH,
     engine_env,
     free_port_block,
@@ -93,8 +93,8 @@ def _runtime_ready() -> str | None:
 def _mounts(model: Path) -> list[str]:
     venv = Path(os.path.realpath(BIN)).parent
     base = Path(os.path.realpath(sys.base_prefix))
-    # the NIXL progress-delay hook the topology's PYTHONPATH names (idle_nixl_env)
-    hook = str(NIXL_PROGRESS_DELAY_DIR)
+    # the NIXL progress-delay shim the plan puts on the engines' PYTHONPATH (CPU default)
+    hook = str(progress.SHIM_DIR)
     paths = dict.fromkeys(["/usr", str(venv), str(base), str(model), hook])
     return [
         f"{p}:{p}:ro" for p in paths if not any(p != q and p.startswith(q + "/") for q in paths)

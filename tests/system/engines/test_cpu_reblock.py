@@ -8,7 +8,7 @@ the decode reads them as its own blocks. ``MAIN_DECODES`` says how many block-64
 deployment has: 2 (1P2D). It ran 1 for a while: on 2 cores a 3-engine 1P2D failed 2 of 2 runs
 (the canary's NIXL handshake timed out after 5 s; decode-1's worker hung > 3 min), because
 each engine's NIXL progress thread busy-polled a core (docs/cpu-pd-recipe.md, gotcha 7). The
-test engines now give it a poll delay (tests/support/nixl_progress_delay), and 1P2D passed
+engines now give it a poll delay (kv_connector.progress_delay_us, the CPU default), and 1P2D passed
 3 of 3 runs here in about 130 s each. With a decode at 32 the agreed size
 would be 32 and a block-64 decode would merge 32-token sub-blocks on receive, which `validate`
 refuses on CPU (cpu-block-size); ratio 4 is proven at tensor level (tests/kv).
@@ -74,7 +74,6 @@ from tests.support.engines import (
     REPO,
     engine_env,
     free_port_block,
-    idle_nixl_env,
     log_digest,
     plain_reference,
     processes_under,
@@ -159,7 +158,7 @@ def _topology(
     data["model"].update(name=str(model), dtype="float32")
     data["defaults"]["work_dir"] = str(root / f"work-{name}")
     data["defaults"]["env"].update(
-        **idle_nixl_env(str(REPO)),
+        PYTHONPATH=str(REPO),  # the engines import this tree's pdlaunch.kv.connector
         PDLAUNCH_KV_TEST_SKIP_REBLOCK_FILE=str(root / "skip-reblock"),
     )
     data["prefill"][0].update(
