@@ -20,8 +20,8 @@ from pdlaunch.plan import kv_readers as kvreaders
 from pdlaunch.plan.containers import ContainerSpec
 from pdlaunch.plan.containers import spec as container_spec
 from pdlaunch.plan.env import derived_env, devices_of
-from pdlaunch.plan.node_addr import NodeAddress, node_address
 from pdlaunch.plan.nixl_progress import progress_delay_us
+from pdlaunch.plan.node_addr import NodeAddress, node_address
 from pdlaunch.plan.ports import (
     Node,
     PortKind,

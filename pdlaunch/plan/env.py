@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pdlaunch.kv import progress
 from pdlaunch.plan import kv_geometry as kv
 from pdlaunch.plan.cpu import assign_cores
-from pdlaunch.plan.node_addr import PLACEHOLDER, SIDE_CHANNEL_HOST, resolves_on_node
 from pdlaunch.plan.nixl_progress import progress_delay_us
+from pdlaunch.plan.node_addr import PLACEHOLDER, SIDE_CHANNEL_HOST, resolves_on_node
 from pdlaunch.plan.ports import Node, side_channel_bases
 from pdlaunch.spec import facts
 from pdlaunch.spec.devices import PROFILES, profile

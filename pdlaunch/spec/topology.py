@@ -18,17 +18,16 @@ from pydantic import (
     Field,
     GetJsonSchemaHandler,
     PrivateAttr,
-    StringConstraints,
     StrictInt,
+    StringConstraints,
     field_validator,
     model_validator,
 )
 
-from pdlaunch.spec import facts
-
 # Address predicates live in pdlaunch.spec.addresses (one definition for rules, plan and hosts);
 # is_loopback stays importable from here for nodeenv.py.
 from pdlaunch.kv.progress import MAX_DELAY_US
+from pdlaunch.spec import facts
 from pdlaunch.spec.addresses import address_key, canonical_host, is_ip_literal
 from pdlaunch.spec.addresses import is_loopback as is_loopback
 from pdlaunch.spec.backend_settings import SlurmSettings
