@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, replace
+
+from pdlaunch.hosts.errors import UnsafePathError
 
 
 def _expand(path: str | os.PathLike | None) -> str | None:
@@ -26,9 +29,32 @@ class ConnectOptions:
 
     def or_recorded(self, known_hosts: str | None, ssh_config: str | None) -> ConnectOptions:
         """These options, with the files a deployment was started with filling the gaps: a
-        later command must reach the hosts the way `up` did."""
+        later command must reach the hosts the way `up` did. A file the record names is data,
+        not an instruction: one someone else can change (an ssh_config's ProxyCommand runs a
+        program) is refused, as OpenSSH refuses a config with bad owner or permissions; one
+        that is gone is left out (the defaults then apply, and a host they cannot reach keeps
+        its record)."""
         return replace(
             self,
-            known_hosts=self.known_hosts or known_hosts,
-            ssh_config=self.ssh_config or ssh_config,
+            known_hosts=self.known_hosts or _recorded_file(known_hosts, "known_hosts"),
+            ssh_config=self.ssh_config or _recorded_file(ssh_config, "ssh_config"),
         )
+
+
+def _recorded_file(path: str | None, what: str) -> str | None:
+    if not path:
+        return None
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UnsafePathError(f"the record's {what} {path!r} cannot be read: {exc}") from None
+    mine = info.st_uid in (os.getuid(), 0)
+    if not stat.S_ISREG(info.st_mode) or not mine or info.st_mode & 0o022:
+        raise UnsafePathError(
+            f"the record names {what} {path!r}, which is not a regular file that only you (or "
+            f"root) can change; give --{what.replace('_', '-')} to use it, or fix its owner "
+            "and mode"
+        )
+    return path

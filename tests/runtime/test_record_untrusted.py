@@ -229,3 +229,43 @@ def test_every_field_down_acts_on_is_checked(make_deployment, where, key, value,
     assert says in str(err.value)
     res = cli("status", "fields")
     assert res.exit_code != 0 and TRACEBACK not in res.output and says in res.output
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o620])
+def test_a_recorded_ssh_config_others_can_change_is_refused_not_obeyed(
+    make_deployment, tmp_path: Path, mode: int
+) -> None:
+    """A record naming an ssh_config that someone else can write (whose ProxyCommand would run
+    a program) is refused as OpenSSH refuses such a config; the command names the file and the
+    flag that uses it anyway, and nothing it names runs."""
+    _, path = recorded(make_deployment, "sshcfg")
+    marker = tmp_path / "PWNED"
+    config = tmp_path / "config"
+    config.write_text(f"Host *\n  ProxyCommand touch {marker}\n")
+    config.chmod(mode)
+    edit(path, lambda data: data["handle"].__setitem__("ssh_config", str(config)))
+    for args in (["status", "sshcfg"], ["down", "sshcfg"]):
+        res = cli(*args)
+        assert not marker.exists(), res.output
+        assert res.exit_code != 0 and TRACEBACK not in res.output
+        assert "ssh_config" in res.output and "--ssh-config" in res.output, res.output
+    assert record_store.find("sshcfg") is not None  # nothing stopped, so the record stays
+
+
+def test_recorded_connect_files_are_kept_when_private_and_dropped_when_gone(tmp_path: Path):
+    from pdlaunch.hosts.errors import UnsafePathError
+    from pdlaunch.hosts.options import ConnectOptions
+
+    private = tmp_path / "known_hosts"
+    private.write_text("")
+    private.chmod(0o600)
+    opts = ConnectOptions().or_recorded(str(private), str(tmp_path / "gone"))
+    assert opts.known_hosts == str(private) and opts.ssh_config is None
+    with pytest.raises(UnsafePathError, match="not a regular file"):
+        ConnectOptions().or_recorded(str(tmp_path), None)  # a directory
+    # A file given on the command line is the user's choice: the recorded one is not read.
+    open_to_all = tmp_path / "cfg"
+    open_to_all.write_text("")
+    open_to_all.chmod(0o666)
+    given = ConnectOptions(ssh_config=str(private)).or_recorded(None, str(open_to_all))
+    assert given.ssh_config == str(private)
