@@ -7,17 +7,7 @@ if [ -s "$CIDF" ]; then
     ids=$cid
 fi
 ids="$ids $(_ours)"
-removed=
-for id in $ids; do
-    _exists "$id"; rc=$?
-    [ $rc = 1 ] && continue
-    [ $rc = 5 ] && exit 5
-    "$RT" stop -t "$GRACE" "$id" >/dev/null 2>&1
-    "$RT" rm -f "$id" >/dev/null 2>&1
-    _exists "$id"; rc=$?
-    [ $rc = 5 ] && exit 5
-    if [ $rc = 0 ]; then echo "container $id ($NAME) still exists after $RT rm -f" >&2; exit 3; fi
-    removed="$removed $id"
-done
+# shellcheck disable=SC2086  # ids are 64 hex digits: split on purpose
+out=$(_remove $ids) || exit $?
 rm -f -- "$CIDF"
-echo "removed$removed"
+echo "$out"

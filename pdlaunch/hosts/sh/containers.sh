@@ -36,3 +36,18 @@ _of_deployment() {  # "id process" of each container of $DEP: its deployment lab
         [ "$_n" = "pdl-$DEP-$_p" ] && echo "$_id $_p"
     done
     return 0; }
+_remove() {  # stop and remove each id given, then prove it gone: prints "removed ID...";
+    # 3: one survived (stderr names it), 5: the runtime cannot say
+    _removed=
+    for _id in "$@"; do
+        _exists "$_id"; _rc=$?
+        [ $_rc = 1 ] && continue
+        [ $_rc = 5 ] && return 5
+        "$RT" stop -t "$GRACE" "$_id" >/dev/null 2>&1
+        "$RT" rm -f "$_id" >/dev/null 2>&1
+        _exists "$_id"; _rc=$?
+        [ $_rc = 5 ] && return 5
+        if [ $_rc = 0 ]; then echo "container $_id still exists after $RT rm -f" >&2; return 3; fi
+        _removed="$_removed $_id"
+    done
+    echo "removed$_removed"; }
