@@ -21,6 +21,7 @@ from pdlaunch.backends.slurm import job as slurm
 from pdlaunch.backends.slurm.client import pyxis_loaded
 from pdlaunch.backends.slurm.oci import bundle_findings
 from pdlaunch.backends.slurm.record import SlurmRunError
+from pdlaunch.kv.progress import SHIM_DIR
 from pdlaunch.plan.build import build_plan
 from pdlaunch.spec.load import LoadError, load_text
 from pdlaunch.spec.slurm_options import SlurmError, SlurmOptions
@@ -143,12 +144,15 @@ def _bind(src: str, dst: str | None = None) -> dict:
 def test_a_bundle_that_binds_what_the_steps_need_passes(tmp_path: Path) -> None:
     plan = _plan(_topo(tmp_path))
     work = plan.by_role("prefill")[0].work_dir
-    b = _bundle(tmp_path / "b", [_bind(str(tmp_path)), _bind("/models")], ["pid", "mount"], work)
+    # CPU engines get the NIXL progress shim mounted at pdlaunch's own path (plan/build.py).
+    shim = _bind(str(SHIM_DIR))
+    b = _bundle(tmp_path / "b", [_bind(str(tmp_path)), _bind("/models"), shim], ["pid", "mount"],
+                work)  # fmt: skip
     opts = SlurmOptions(container_support="oci", oci_bundles={IMAGE: str(b)})
     assert bundle_findings(plan, opts) == []
     # runc spec's cwd "/": the engines would not start in their work dir (srun --chdir does
     # not reach the container), which is said, not refused
-    _bundle(tmp_path / "c", [_bind(str(tmp_path)), _bind("/models")])
+    _bundle(tmp_path / "c", [_bind(str(tmp_path)), _bind("/models"), shim])
     opts = SlurmOptions(container_support="oci", oci_bundles={IMAGE: str(tmp_path / "c")})
     (cwd,) = bundle_findings(plan, opts)
     assert cwd.severity == "warning" and "start in / (the bundle's process.cwd)" in cwd.message

@@ -113,6 +113,8 @@ PROGRESS_SHIM = Probe(
     install="create the venv the topology points at",
     timeout_s=60.0,
     calls=_calls,
+    # A containerised engine's Python is the image's: the shim is mounted at the same path.
+    inside=True,
 )
 
 PROBES = (PROGRESS_SHIM,)

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from pdlaunch.backends.slurm import jobs
+from pdlaunch.kv.progress import SHIM_DIR
 from tests.support import slurm_lifecycle as slurm_rt
 from tests.support.cli_runner import pdl
 from tests.support.slurm_cluster import SlurmCluster, SlurmClusterError
@@ -118,7 +119,8 @@ def test_up_runs_the_engines_in_the_bundle_and_down_leaves_nothing(
     base = Path(os.path.realpath(sys.base_prefix))
     work = tmp_path / "work"
     # /etc/alternatives: Debian's awk (the node runner's) is a link through it
-    ro = ["/etc/alternatives", *(str(p) for p in (bins, venv, base))]
+    # and the NIXL progress shim the plan mounts for CPU engines (plan/build.py _with_shim)
+    ro = ["/etc/alternatives", *(str(p) for p in (bins, venv, base, SHIM_DIR))]
     bundle = _bundle(tmp_path / "bundle", [("/usr", False), *((p, False) for p in ro),
                                            (str(work), True)], str(work / "oci-fake"))  # fmt: skip
     spec = fake_spec("oci-fake", work, cluster.nodes, fake_bins,
