@@ -413,12 +413,23 @@ def test_canary_names_the_pair_whose_transfer_fails(dep: Deployment, monkeypatch
     prefill added, is what `pdlaunch canary` reads: it must name that pair, find the real
     pair ok, and give decode's doctor finding."""
     from pdlaunch.runtime.record_store import load_state, remove, save_state
-    from pdlaunch.runtime.state import ProcessState
+    from pdlaunch.runtime.state import ProcessState, own_paths
     from pdlaunch.spec.load import load
 
     monkeypatch.setenv("PDLAUNCH_STATE_DIR", dep.env["PDLAUNCH_STATE_DIR"])
     base = free_port_block(2)  # base: the fake prefill's HTTP; base + 1: nobody
-    log = dep.root / "fake-prefill.log"
+    state = load_state(load(dep.topology)[0].deployment)
+    assert state is not None
+    prefill = state.process("prefill-0")
+    assert prefill is not None
+    # A record's paths must be the plan's own in a work dir named after its deployment
+    # (runtime/state.py check_own_path): the copy's work dir is a link to the real one, so the
+    # copy names the real engines' files at its own paths.
+    real_wd = Path(prefill.work_dir)
+    state.deployment += "-fakepair"
+    copy_wd = real_wd.with_name(state.deployment)
+    copy_wd.symlink_to(real_wd, target_is_directory=True)
+    log = real_wd / "logs" / "prefill-1.log"
     fake_env = {**dep.env, "FAKE_VLLM_SIDE_CHANNEL_PORT": str(base + 1)}
     argv = [sys.executable, str(FAKE_VLLM), "serve", "tiny", "--host", "127.0.0.1",
             "--port", str(base)]  # fmt: skip
@@ -426,21 +437,16 @@ def test_canary_names_the_pair_whose_transfer_fails(dep: Deployment, monkeypatch
         fake = subprocess.Popen(
             argv, env=fake_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
-    state = load_state(load(dep.topology)[0].deployment)
-    assert state is not None
-    state.deployment += "-fakepair"
-    prefill = state.process("prefill-0")
-    assert prefill is not None
     start_time = int(Path(f"/proc/{fake.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
     fake_rec = ProcessState(**{**vars(prefill), "name": "prefill-1", "pid": fake.pid,
                                "start_time": start_time, "started_at": time.time(),
-                               "log_path": str(log),
                                "health_url": f"http://127.0.0.1:{base}/health",
                                "ports": [base]})  # fmt: skip
     state.processes.insert(state.processes.index(prefill) + 1, fake_rec)
-    for rec in state.processes:  # a record's own paths live in its deployment's work dir
-        rec.work_dir = str(Path(rec.work_dir).with_name(state.deployment))
-        rec.secrets_path = f"{rec.work_dir}/run/{rec.name}.secrets.env"
+    for rec in state.processes:
+        rec.work_dir = str(copy_wd)
+        for key, parts in own_paths(rec.name).items():
+            setattr(rec, key, str(copy_wd.joinpath(*parts)))
     try:
         deadline = time.monotonic() + 30
         while not probe(f"http://127.0.0.1:{base}/health", timeout=2).ok:
@@ -454,6 +460,7 @@ def test_canary_names_the_pair_whose_transfer_fails(dep: Deployment, monkeypatch
         remove(state.deployment, "ssh")  # the copy names the real engines' pids: never `down` it
         os.killpg(fake.pid, signal.SIGTERM)
         fake.wait(10)
+        copy_wd.unlink()
     assert res.returncode == 1, f"{res.returncode}\n{res.stdout}\n{res.stderr}"
     data = json.loads(res.stdout)
     dep.numbers["canary_broken_pair"] = data
