@@ -6,8 +6,6 @@ import os
 import stat
 from dataclasses import dataclass, replace
 
-from pdlaunch.hosts.errors import UnsafePathError
-
 
 def _expand(path: str | os.PathLike | None) -> str | None:
     return os.path.expanduser(os.fspath(path)) if path else None
@@ -44,6 +42,9 @@ class ConnectOptions:
 def _recorded_file(path: str | None, what: str) -> str | None:
     if not path:
         return None
+    # Here, not at the top: `validate` imports these options and nothing else of hosts.
+    from pdlaunch.hosts.errors import UnsafePathError
+
     try:
         info = os.stat(path)
     except FileNotFoundError:
