@@ -4,12 +4,8 @@ in-process over real HTTP on loopback) asked directly, a broken pair named."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -17,6 +13,7 @@ from pdlaunch.observe import canary
 from pdlaunch.observe.health import CanaryResult
 from pdlaunch.observe.watch import Counters
 from tests.support.fake_vllm import Engine as FakeEngine
+from tests.support.fake_vllm_http import serve
 
 MODEL = "fake-model"
 
@@ -51,60 +48,6 @@ def test_other_traffic_on_the_decode_makes_the_pair_unattributable() -> None:
 
 
 # -- fake engines over HTTP ----------------------------------------------------------------------
-@dataclass
-class Served:
-    engine: FakeEngine
-    url: str
-    posts: list[dict]
-    rank_headers: list[str | None]  # each POST's X-data-parallel-rank
-
-
-@contextlib.contextmanager
-def serve(engine: FakeEngine, extra_requests: int = 0) -> Iterator[Served]:
-    """``engine`` on a loopback port. ``extra_requests``: that many first completions each
-    also count one request of somebody else (a busy decode)."""
-    posts: list[dict] = []
-    rank_headers: list[str | None] = []
-    busy = [extra_requests]
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
-
-        def _reply(self, code: int, ctype: str, body: bytes) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self) -> None:
-            self._reply(*engine.get(self.path))
-
-        def do_POST(self) -> None:
-            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            posts.append(json.loads(raw))
-            header = self.headers.get("X-data-parallel-rank")
-            rank_headers.append(header)
-            reply = engine.post(self.path, raw, header)
-            if busy[0] > 0:
-                busy[0] -= 1
-                with engine.lock:
-                    engine.requests_of[engine.ranks[0]] += 1
-                    engine.tokens["external_kv_transfer"] += 40
-            self._reply(*reply)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    engine.port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield Served(engine, f"http://127.0.0.1:{engine.port}", posts, rank_headers)
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def fake(no_kv: bool = False, corrupt: bool = False, ranks: list[int] | None = None) -> FakeEngine:
     e = FakeEngine(MODEL, "127.0.0.1", 0, no_kv=no_kv, unhealthy=False, ranks=ranks)
     e.corrupt_kv = corrupt

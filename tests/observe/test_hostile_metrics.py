@@ -22,6 +22,7 @@ import pytest
 from pdlaunch.fsutil import dumps_json_finite
 from pdlaunch.observe import bench_hops, canary, health, hops_plot, metrics, watch
 from tests.support.fake_vllm import Engine as FakeEngine
+from tests.support.fake_vllm_http import serve as served
 
 MODEL = "fake-model"
 EXTERNAL = re.compile(
@@ -71,32 +72,8 @@ class HostileEngine(FakeEngine):
 
 @contextlib.contextmanager
 def serve(engine: FakeEngine) -> Iterator[str]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def _reply(self, code: int, ctype: str, body: bytes) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self) -> None:
-            self._reply(*engine.get(self.path))
-
-        def do_POST(self) -> None:
-            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self._reply(*engine.post(self.path, raw, self.headers.get("X-data-parallel-rank")))
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    engine.port = server.server_address[1]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{engine.port}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with served(engine) as s:
+        yield s.url
 
 
 @contextlib.contextmanager
