@@ -31,6 +31,7 @@ _BIN = str(Path(sys.executable).parent)
 if _BIN not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 
+from tests.support.check_over_ssh import model_dir  # noqa: E402, F401 - fixture
 from tests.support.fake_bins import fake_bins  # noqa: E402, F401 - fixture
 from tests.support.fake_slurm import fake_slurm  # noqa: E402, F401 - fixture
 from tests.support.netns_fixtures import netns, netns_cluster  # noqa: E402, F401 - fixtures

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from pdlaunch.check.report import CheckReport
@@ -76,3 +77,13 @@ def host_of(report: CheckReport, process: str) -> str:
 
 def opts(cluster, **kw) -> CheckOptions:
     return CheckOptions(connect=ConnectOptions(known_hosts=str(cluster.known_hosts)), **kw)
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    """A model directory the model.path probe accepts (a config and a weights file)."""
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    (d / "model.safetensors").write_bytes(b"")
+    return d

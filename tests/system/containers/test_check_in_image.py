@@ -23,7 +23,13 @@ import pytest
 
 from pdlaunch.check.results import Status
 from pdlaunch.check.runner import run_check
-from tests.support.check_over_ssh import free_port, opts, plan_of, rows, ssh_of
+from tests.support.check_over_ssh import (
+    free_port,
+    opts,
+    plan_of,
+    rows,
+    ssh_of,
+)
 
 pytestmark = pytest.mark.ssh
 
@@ -80,15 +86,6 @@ def images(tmp_path_factory):
     yield made
     for tag in made.values():
         _podman("rmi", "-f", tag)
-
-
-@pytest.fixture
-def model_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "model"
-    d.mkdir()
-    (d / "config.json").write_text("{}")
-    (d / "model.safetensors").write_bytes(b"")
-    return d
 
 
 def _topology(tmp_path, model_dir, h, cluster, image: str, enabled: bool = True) -> dict:

@@ -28,15 +28,6 @@ from tests.support.sshd import free_ports
 
 
 @pytest.fixture
-def model_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "model"
-    d.mkdir()
-    (d / "config.json").write_text("{}")
-    (d / "model.safetensors").write_bytes(b"")
-    return d
-
-
-@pytest.fixture
 def cuda_cpu(tmp_path, model_dir, sshd_hosts, sshd_cluster):
     """prefill: cuda on sim host 1 (PDLAUNCH_PYTHON -> vllm 0.32.0); decode: cpu on sim
     host 2 (vllm_bin in a venv whose python sees vllm 0.31.1); router on sim host 0."""
